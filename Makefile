@@ -1,0 +1,77 @@
+# Builds build/libbitnet.so: the CUDA backend with nvcc when it is found, else a CPU-only library.
+#   make                      all default GPU architectures (sm_75 ... sm_90 + PTX)
+#   make CUDA_ARCHS=90        only sm_90 (faster builds for one machine)
+#   make BITNET_CPU_ONLY=1    the CPU-only library even where nvcc exists
+#   make clean
+#   make demo / make test     set up .venv, build, and run the main job / the tests (see README)
+
+BUILD_DIR   ?= build
+LIB         := $(BUILD_DIR)/libbitnet.so
+CUDA_ARCHS  ?= 75 80 86 89 90
+CC          ?= cc
+PYTHON      ?= python3
+
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) \
+                    $(wildcard $(CUDA_HOME)/bin/nvcc) $(wildcard /usr/local/cuda/bin/nvcc))
+ifeq ($(BITNET_CPU_ONLY),1)
+NVCC :=
+endif
+
+C_SRCS    := $(wildcard native/src/*.c native/src/cpu/*.c)
+CU_SRCS   := $(wildcard native/src/cuda/*.cu)
+CPPFLAGS  := -Inative/include -Inative/src
+CFLAGS    ?= -O3
+CFLAGS    += -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wshadow
+LDFLAGS   += -shared -fopenmp -Wl,--version-script=native/bitnet.map -Wl,--no-undefined
+
+ifneq ($(NVCC),)
+BACKEND   := cuda
+# nvcc may be a wrapper script: ask it where its toolkit is.
+CUDA_ROOT := $(abspath $(shell $(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p'))
+CPPFLAGS  += -DBITNET_HAVE_CUDA -I$(CUDA_ROOT)/include
+LAST_ARCH := $(lastword $(CUDA_ARCHS))
+GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) \
+             -gencode=arch=compute_$(LAST_ARCH),code=compute_$(LAST_ARCH)
+NVCCFLAGS ?= -O3
+NVCCFLAGS += -std=c++17 $(GENCODE) -Xcompiler -fPIC,-Wall,-Wextra \
+             --expt-relaxed-constexpr -Wno-deprecated-gpu-targets
+LDLIBS    += -L$(CUDA_ROOT)/lib64 -L$(CUDA_ROOT)/targets/x86_64-linux/lib \
+             -lcudart_static -lstdc++ -lrt -ldl -lpthread
+else
+BACKEND   := cpu
+CU_SRCS   :=
+endif
+LDLIBS += -lm
+
+OBJ_DIR := $(BUILD_DIR)/obj-$(BACKEND)
+C_OBJS  := $(C_SRCS:native/src/%.c=$(OBJ_DIR)/%.o)
+CU_OBJS := $(CU_SRCS:native/src/%.cu=$(OBJ_DIR)/%.cu.o)
+
+.PHONY: all clean demo test asan
+all: $(LIB)
+ifeq ($(BACKEND),cpu)
+	@echo "libbitnet: nvcc not found (or BITNET_CPU_ONLY=1): built the CPU-only library $(LIB)"
+endif
+
+# The backend and flags are recorded so that switching them rebuilds the library.
+$(BUILD_DIR)/config.$(BACKEND): FORCE
+	@mkdir -p $(BUILD_DIR)
+	@echo "$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS)" | cmp -s - $@ || echo "$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS)" > $@
+
+$(LIB): $(C_OBJS) $(CU_OBJS) native/bitnet.map $(BUILD_DIR)/config.$(BACKEND)
+	$(CC) $(LDFLAGS) -o $@ $(C_OBJS) $(CU_OBJS) $(LDLIBS)
+
+$(OBJ_DIR)/%.o: native/src/%.c $(BUILD_DIR)/config.$(BACKEND)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(OBJ_DIR)/%.cu.o: native/src/%.cu $(BUILD_DIR)/config.$(BACKEND)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+clean:
+	rm -rf $(BUILD_DIR)
+
+FORCE:
+
+-include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d)

@@ -1,0 +1,252 @@
+"""Arrays as the ops see them: numpy arrays on the CPU; on a GPU, the library's DeviceArray, PyTorch
+tensors and any object with ``__cuda_array_interface__`` (CuPy), all used zero-copy.
+
+``as_array`` turns a caller's object into an ``Array`` (pointer, shape, dtype, device), checking
+that it is dense; ``check`` validates dtype and shape with messages that show what was received;
+``prepare`` does both for all of an op's arguments, checks that they share one device and finds the
+stream to run on. Nothing here ever copies between host and device behind the caller's back."""
+import weakref
+
+import numpy as np
+
+from . import _ffi
+from .errors import InvalidArgumentError
+
+CPU = -1
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3, "int32": 4, "uint8": 5}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int32": 4, "uint8": 1}
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+_TYPESTR = {"<f4": "float32", "<f2": "float16", "|i1": "int8", "<i4": "int32", "|u1": "uint8"}
+_TYPESTR_OF = {v: k for k, v in _TYPESTR.items()}
+
+
+def numpy_dtype(name):
+    """The numpy dtype for a dtype name; bfloat16 comes from the ml_dtypes package."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError as exc:
+            raise InvalidArgumentError("bfloat16 numpy arrays need the ml_dtypes package "
+                                       "(pip install ml_dtypes)") from exc
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def device_name(device):
+    return "cpu" if device == CPU else f"cuda:{device}"
+
+
+class Array:
+    """A dense array the library can read or write: `obj` is the caller's object, `kind` one of
+    numpy, torch, cupy, cai (another __cuda_array_interface__ exporter) or bitnet (DeviceArray)."""
+
+    __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "device", "cai_stream")
+
+    def __init__(self, obj, kind, ptr, shape, dtype, device, cai_stream=None):
+        self.obj, self.kind, self.ptr = obj, kind, ptr
+        self.shape, self.dtype, self.device = tuple(int(d) for d in shape), dtype, device
+        self.cai_stream = cai_stream
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def cptr(self, ctype="void *"):
+        return _ffi.ffi.cast(ctype, self.ptr)
+
+    def describe(self):
+        return f"{self.dtype}{list(self.shape)} on {device_name(self.device)}"
+
+
+def _dense_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def as_array(obj, name):
+    """Wraps obj without copying; raises InvalidArgumentError for anything that is not a dense
+    array of a known dtype."""
+    if isinstance(obj, Array):
+        return obj
+    if isinstance(obj, DeviceArray):
+        return Array(obj, "bitnet", obj.ptr, obj.shape, obj.dtype, obj.device)
+    if isinstance(obj, np.ndarray):
+        dtype = obj.dtype.name
+        if dtype not in DTYPE_CODES:
+            raise InvalidArgumentError(f"{name}: dtype {obj.dtype} is not supported "
+                                       f"(expected one of {', '.join(DTYPE_CODES)})")
+        if not obj.flags.c_contiguous:
+            raise InvalidArgumentError(f"{name}: the array is not C-contiguous (strides "
+                                       f"{obj.strides}); pass np.ascontiguousarray({name})")
+        return Array(obj, "numpy", obj.ctypes.data, obj.shape, dtype, CPU)
+    if type(obj).__module__.split(".")[0] == "torch":
+        return _torch_array(obj, name)
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is not None:
+        return _cai_array(obj, interface, name)
+    raise InvalidArgumentError(f"{name}: expected a numpy array, a bitnet_ffi.DeviceArray, a "
+                               f"PyTorch tensor or a CUDA array (__cuda_array_interface__), "
+                               f"got {type(obj).__name__}")
+
+
+def _torch_array(tensor, name):
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in DTYPE_CODES:
+        raise InvalidArgumentError(f"{name}: dtype {tensor.dtype} is not supported "
+                                   f"(expected one of {', '.join(DTYPE_CODES)})")
+    if not tensor.is_contiguous():
+        raise InvalidArgumentError(f"{name}: the tensor is not contiguous (strides "
+                                   f"{tuple(tensor.stride())}); pass {name}.contiguous()")
+    device = tensor.device.index if tensor.is_cuda else CPU
+    if tensor.is_cuda and device is None:
+        device = 0
+    return Array(tensor, "torch", tensor.data_ptr(), tensor.shape, dtype, device)
+
+
+def _cai_array(obj, interface, name):
+    dtype = _TYPESTR.get(interface["typestr"])
+    if dtype is None:
+        raise InvalidArgumentError(f"{name}: typestr {interface['typestr']!r} is not supported")
+    shape = tuple(interface["shape"])
+    strides = interface.get("strides")
+    if strides is not None and tuple(strides) != _dense_strides(shape, ITEMSIZE[dtype]):
+        raise InvalidArgumentError(f"{name}: the array is not C-contiguous (strides {strides})")
+    ptr = interface["data"][0]
+    if interface["data"][1]:
+        raise InvalidArgumentError(f"{name}: the array is read-only")
+    device = CPU
+    if ptr:
+        where = _ffi.ffi.new("int32_t *")
+        _ffi.call("pointer_device", _ffi.ffi.cast("void *", ptr), where)
+        device = where[0]
+    kind = "cupy" if type(obj).__module__.split(".")[0] == "cupy" else "cai"
+    return Array(obj, kind, ptr, shape, dtype, device, interface.get("stream"))
+
+
+def check(array, name, dtypes, shape):
+    """Checks dtype (a name or a tuple of names) and shape (ints, None for any size)."""
+    dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
+    if array.dtype not in dtypes:
+        raise InvalidArgumentError(f"{name}: expected dtype {' or '.join(dtypes)}, "
+                                   f"got {array.dtype}")
+    if len(array.shape) != len(shape) or any(
+            want is not None and want != got for want, got in zip(shape, array.shape)):
+        expected = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
+        raise InvalidArgumentError(f"{name}: expected shape {expected}, got {list(array.shape)}")
+    return array
+
+
+def stream_handle(stream):
+    """A cudaStream_t value from an int, a torch.cuda.Stream or a cupy Stream."""
+    for attribute in ("cuda_stream", "ptr"):
+        if hasattr(stream, attribute):
+            return int(getattr(stream, attribute))
+    return int(stream)
+
+
+def prepare(named, stream=None):
+    """Wraps each (name, obj) of ``named`` (None values pass through), checks that all live on one
+    device, and returns (arrays, device, stream handle). Without an explicit stream, a GPU op runs
+    on the current stream of the caller's framework, so it orders with the caller's own work."""
+    arrays = {name: None if obj is None else as_array(obj, name) for name, obj in named.items()}
+    present = [(name, a) for name, a in arrays.items() if a is not None]
+    device = present[0][1].device
+    for name, a in present:
+        if a.device != device:
+            where = ", ".join(f"{n} on {device_name(x.device)}" for n, x in present)
+            raise InvalidArgumentError(f"arrays are on different devices: {where}")
+    if device == CPU:
+        return arrays, CPU, 0
+    if stream is not None:
+        return arrays, device, stream_handle(stream)
+    return arrays, device, _framework_stream(present, device)
+
+
+def _framework_stream(present, device):
+    kinds = {a.kind for _, a in present}
+    if "torch" in kinds:
+        import torch
+        return torch.cuda.current_stream(device).cuda_stream
+    if "cupy" in kinds:
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
+    for _, a in present:
+        if a.cai_stream is not None:
+            return 0 if a.cai_stream == 1 else int(a.cai_stream)  # 1 is the legacy default stream
+    return 0
+
+
+def new_like(reference, shape, dtype):
+    """A new uninitialised array of the same kind and device as `reference`."""
+    if reference.kind == "numpy":
+        return np.empty(shape, dtype=numpy_dtype(dtype))
+    if reference.kind == "torch":
+        import torch
+        return torch.empty(shape, dtype=getattr(torch, dtype), device=reference.obj.device)
+    if reference.kind == "cupy":
+        import cupy
+        with cupy.cuda.Device(reference.device):
+            return cupy.empty(shape, dtype=dtype)
+    return DeviceArray(shape, dtype, reference.device)
+
+
+class DeviceArray:
+    """Memory on a CUDA device, allocated and freed by libbitnet. Exports
+    ``__cuda_array_interface__`` (except for bfloat16, which the interface cannot describe), so
+    ``torch.as_tensor(a, device="cuda")`` and ``cupy.asarray(a)`` view it without copying."""
+
+    def __init__(self, shape, dtype, device=0):
+        if dtype not in DTYPE_CODES:
+            raise InvalidArgumentError(f"DeviceArray: dtype {dtype!r} is not one of "
+                                       f"{', '.join(DTYPE_CODES)}")
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(f"DeviceArray: negative dimension in shape {list(shape)}")
+        self.shape, self.dtype, self.device = shape, dtype, int(device)
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype]
+        out = _ffi.ffi.new("void **")
+        _ffi.call("malloc", self.device, self.nbytes, out)
+        self.ptr = int(_ffi.ffi.cast("uintptr_t", out[0]))
+        self._finalizer = weakref.finalize(self, _free, self.device, self.ptr)
+
+    @classmethod
+    def from_numpy(cls, array, device=0):
+        """A device copy of a numpy array (synchronous)."""
+        host = as_array(np.asarray(array), "array")
+        result = cls(host.shape, host.dtype, device)
+        if result.nbytes:
+            _ffi.call("memcpy", _ffi.ffi.cast("void *", result.ptr), host.cptr(), result.nbytes,
+                      _ffi.lib().BITNET_COPY_HOST_TO_DEVICE, _ffi.ffi.NULL)
+        return result
+
+    def numpy(self):
+        """A host copy (synchronous: waits for the legacy default stream)."""
+        host = np.empty(self.shape, dtype=numpy_dtype(self.dtype))
+        if self.nbytes:
+            _ffi.call("memcpy", _ffi.ffi.cast("void *", host.ctypes.data),
+                      _ffi.ffi.cast("void *", self.ptr), self.nbytes,
+                      _ffi.lib().BITNET_COPY_DEVICE_TO_HOST, _ffi.ffi.NULL)
+        return host
+
+    def free(self):
+        """Frees the memory now rather than when the object is collected."""
+        self._finalizer()
+        self.ptr = 0
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.dtype not in _TYPESTR_OF:
+            raise AttributeError(f"__cuda_array_interface__ cannot describe {self.dtype}")
+        return {"shape": self.shape, "typestr": _TYPESTR_OF[self.dtype], "data": (self.ptr, False),
+                "strides": None, "version": 3, "stream": None}
+
+    def __repr__(self):
+        return f"DeviceArray(shape={list(self.shape)}, dtype={self.dtype}, device=cuda:{self.device})"
+
+
+def _free(device, ptr):
+    if ptr:
+        _ffi.lib().bitnet_free(device, _ffi.ffi.cast("void *", ptr))

@@ -1,0 +1,48 @@
+"""python -m bitnet_ffi COMMAND: info (devices and selection)."""
+import argparse
+import json
+import sys
+
+from .device import select
+from .errors import BitNetError
+
+
+def _gib(n):
+    return f"{n / 2**30:.1f} GiB" if n else "-"
+
+
+def info(args):
+    selection = select(args.device)
+    if args.json:
+        print(json.dumps(selection.to_json(), indent=2))
+        return 0
+    print(selection.summary())
+    rows = [("device", "name", "cc", "SMs", "memory (free/total)", "L2", "peak GB/s", "driver")]
+    for d in selection.detection.devices:
+        rows.append((d.label, d.name, d.compute_capability or "-", str(d.sm_count or "-"),
+                     f"{_gib(d.free_memory_bytes)} / {_gib(d.total_memory_bytes)}",
+                     f"{d.l2_cache_bytes // 2**20} MiB" if d.l2_cache_bytes else "-",
+                     f"{d.peak_bandwidth_gbps:.0f}" if d.peak_bandwidth_gbps else "-",
+                     d.driver_version or "-"))
+    rows.append(("cpu", "host CPU", "-", "-", "-", "-", "-", "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if selection.detection.no_gpu_reason:
+        print(f"no CUDA device: {selection.detection.no_gpu_reason}")
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m bitnet_ffi", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    info_parser = commands.add_parser("info", help="show devices and which one is selected")
+    info_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    info_parser.add_argument("--device", help="as BITNET_DEVICE: auto, cpu, cuda or cuda:N")
+    info_parser.set_defaults(run=info)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except BitNetError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,60 @@
+"""The exception hierarchy: every non-OK status of libbitnet becomes one of these."""
+
+
+class BitNetError(Exception):
+    """Base class of every error raised by bitnet_ffi. ``status`` is the C status code (or None)."""
+
+    status = None
+
+    def __init__(self, message, status=None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class InvalidArgumentError(BitNetError, ValueError):
+    """A bad pointer, size, shape, dtype or value (BITNET_ERR_INVALID_ARGUMENT)."""
+
+    status = 1
+
+
+class UnsupportedError(BitNetError, NotImplementedError):
+    """Valid, but not implemented for this shape, dtype or backend (BITNET_ERR_UNSUPPORTED)."""
+
+    status = 2
+
+
+class NoDeviceError(BitNetError, RuntimeError):
+    """No such CUDA device, a CPU-only build, or a fake GPU asked to run a kernel."""
+
+    status = 3
+
+
+class OutOfMemoryError(BitNetError, MemoryError):
+    """The device is out of memory (BITNET_ERR_OUT_OF_MEMORY)."""
+
+    status = 4
+
+
+class CudaError(BitNetError, RuntimeError):
+    """The CUDA runtime or driver failed (BITNET_ERR_CUDA)."""
+
+    status = 5
+
+
+class InternalError(BitNetError, RuntimeError):
+    """A bug in libbitnet (BITNET_ERR_INTERNAL)."""
+
+    status = 6
+
+
+class LibraryNotFoundError(BitNetError, OSError):
+    """libbitnet.so could not be found or loaded."""
+
+
+class ConfigurationError(BitNetError, ValueError):
+    """A BITNET_* environment variable has a value that cannot be used."""
+
+
+BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, UnsupportedError, NoDeviceError,
+                                         OutOfMemoryError, CudaError, InternalError)}

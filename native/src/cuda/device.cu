@@ -1,0 +1,145 @@
+/* CUDA backend of the device and memory entry points (device.c holds the argument checks). */
+#include <stdio.h>
+#include <string.h>
+
+#include "common.cuh"
+
+bitnet_status bn_cuda_fail(cudaError_t err, const char *call, const char *file, int line) {
+    bitnet_status status = err == cudaErrorMemoryAllocation ? BITNET_ERR_OUT_OF_MEMORY
+                           : err == cudaErrorNoDevice || err == cudaErrorInvalidDevice
+                               ? BITNET_ERR_NO_DEVICE
+                               : BITNET_ERR_CUDA;
+    cudaGetLastError(); /* clear a non-sticky error so that later calls start clean */
+    return bn_fail(status, "%s: %s (%s) at %s:%d", call, cudaGetErrorString(err),
+                   cudaGetErrorName(err), file, line);
+}
+
+bitnet_status bn_cuda_device_count(int32_t *count, const char **reason) {
+    static thread_local char why[256];
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* no device is an answer here, not an error to keep */
+        snprintf(why, sizeof why, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                 cudaGetErrorName(err));
+        n = 0;
+    } else {
+        snprintf(why, sizeof why, "%s", n > 0 ? "" : "the CUDA runtime reports no device");
+    }
+    *count = n;
+    if (reason) *reason = why;
+    return BITNET_OK;
+}
+
+static cudaError_t get_attribute(int32_t *value, cudaDeviceAttr attr, int device) {
+    int v = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&v, attr, device);
+    *value = v;
+    return err;
+}
+
+bitnet_status bn_cuda_device_get_info(int32_t device, bitnet_device_info *info) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    bitnet_device_info out;
+    memset(&out, 0, sizeof out);
+    out.index = device;
+
+    cudaDeviceProp prop;
+    BN_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+    snprintf(out.name, sizeof out.name, "%s", prop.name);
+    BN_CUDA_TRY(cudaDeviceGetPCIBusId(out.pci_bus_id, sizeof out.pci_bus_id, device));
+    out.shared_memory_per_block_bytes = (int64_t)prop.sharedMemPerBlock;
+    out.shared_memory_per_block_optin_bytes = (int64_t)prop.sharedMemPerBlockOptin;
+
+    int32_t l2 = 0;
+    BN_CUDA_TRY(get_attribute(&out.compute_capability_major, cudaDevAttrComputeCapabilityMajor, device));
+    BN_CUDA_TRY(get_attribute(&out.compute_capability_minor, cudaDevAttrComputeCapabilityMinor, device));
+    BN_CUDA_TRY(get_attribute(&out.sm_count, cudaDevAttrMultiProcessorCount, device));
+    BN_CUDA_TRY(get_attribute(&out.max_threads_per_block, cudaDevAttrMaxThreadsPerBlock, device));
+    BN_CUDA_TRY(get_attribute(&l2, cudaDevAttrL2CacheSize, device));
+    BN_CUDA_TRY(get_attribute(&out.memory_bus_width_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    BN_CUDA_TRY(get_attribute(&out.memory_clock_khz, cudaDevAttrMemoryClockRate, device));
+    out.l2_cache_bytes = l2;
+    /* Double data rate: two transfers per clock over the whole bus. */
+    out.peak_bandwidth_gbps =
+        2.0 * out.memory_clock_khz * 1e3 * (out.memory_bus_width_bits / 8.0) / 1e9;
+
+    int cc = out.compute_capability_major * 10 + out.compute_capability_minor;
+    out.supports_fp16 = cc >= 53;
+    out.supports_bf16 = cc >= 80;
+    out.supports_int8_dot = cc >= 61;
+
+    size_t free_bytes = 0, total_bytes = 0;
+    BN_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+    out.free_memory_bytes = (int64_t)free_bytes;
+    out.total_memory_bytes = (int64_t)total_bytes;
+
+    int driver = 0, runtime = 0;
+    BN_CUDA_TRY(cudaDriverGetVersion(&driver));
+    BN_CUDA_TRY(cudaRuntimeGetVersion(&runtime));
+    out.driver_version = driver;
+    out.runtime_version = runtime;
+
+    *info = out;
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_pointer_device(const void *ptr, int32_t *device) {
+    cudaPointerAttributes attr;
+    cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+    if (err != cudaSuccess) {
+        /* No driver or no device: nothing can be device memory. */
+        cudaGetLastError();
+        *device = BITNET_DEVICE_CPU;
+        return BITNET_OK;
+    }
+    bool on_device = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+    *device = on_device ? attr.device : BITNET_DEVICE_CPU;
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_malloc(int32_t device, int64_t nbytes, void **ptr) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    void *p = NULL;
+    BN_CUDA_TRY(cudaMalloc(&p, (size_t)nbytes));
+    *ptr = p;
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_free(int32_t device, void *ptr) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BN_CUDA_TRY(cudaFree(ptr));
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_memcpy(int32_t device, void *dst, const void *src, int64_t nbytes,
+                             bitnet_copy_kind kind, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BN_CUDA_TRY(cudaMemcpyAsync(dst, src, (size_t)nbytes, cudaMemcpyDefault, bn_stream(stream)));
+    if (kind != BITNET_COPY_DEVICE_TO_DEVICE) BN_CUDA_TRY(cudaStreamSynchronize(bn_stream(stream)));
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_memset(int32_t device, void *ptr, int32_t byte_value, int64_t nbytes,
+                             void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BN_CUDA_TRY(cudaMemsetAsync(ptr, byte_value, (size_t)nbytes, bn_stream(stream)));
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_device_synchronize(int32_t device) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BN_CUDA_TRY(cudaDeviceSynchronize());
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_stream_synchronize(void *stream) {
+    BN_CUDA_TRY(cudaStreamSynchronize(bn_stream(stream)));
+    return BITNET_OK;
+}

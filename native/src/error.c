@@ -1,0 +1,76 @@
+/* The thread-local last-error message, version, and argument checks shared by every entry point. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+static _Thread_local char last_error[1024];
+
+bitnet_status bn_fail(bitnet_status status, const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    vsnprintf(last_error, sizeof last_error, format, args);
+    va_end(args);
+    return status;
+}
+
+bitnet_status bitnet_get_last_error(const char **message) {
+    if (!message) return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_get_last_error: message is NULL");
+    *message = last_error;
+    return BITNET_OK;
+}
+
+bitnet_status bitnet_get_version(int32_t *major, int32_t *minor, int32_t *patch) {
+    BN_CHECK(major && minor && patch, "bitnet_get_version: NULL output pointer");
+    *major = BN_VERSION_MAJOR;
+    *minor = BN_VERSION_MINOR;
+    *patch = BN_VERSION_PATCH;
+    return BITNET_OK;
+}
+
+int64_t bn_dtype_size(int32_t dtype) {
+    switch (dtype) {
+    case BITNET_DTYPE_F32: case BITNET_DTYPE_I32: return 4;
+    case BITNET_DTYPE_F16: case BITNET_DTYPE_BF16: return 2;
+    case BITNET_DTYPE_I8: case BITNET_DTYPE_U8: return 1;
+    default: return 0;
+    }
+}
+
+const char *bn_dtype_name(int32_t dtype) {
+    static const char *names[] = {"float32", "float16", "bfloat16", "int8", "int32", "uint8"};
+    return dtype >= 0 && dtype < (int32_t)(sizeof names / sizeof *names) ? names[dtype] : "unknown";
+}
+
+bitnet_status bn_check_size(const char *what, int64_t count, int64_t elem_size) {
+    BN_CHECK(count > 0, "%s: size must be positive, got %lld", what, (long long)count);
+    BN_CHECK(count <= INT64_MAX / elem_size,
+             "%s: %lld elements of %lld bytes overflow a 64-bit byte count", what,
+             (long long)count, (long long)elem_size);
+    return BITNET_OK;
+}
+
+bitnet_status bn_check_device(int32_t device) {
+    if (device == BITNET_DEVICE_CPU) return BITNET_OK;
+    BN_CHECK(device >= 0, "device %d is neither the CPU (-1) nor a CUDA device index", device);
+    int32_t count = 0;
+    BN_TRY(bitnet_device_count(&count, NULL));
+    if (device >= count)
+        return bn_fail(BITNET_ERR_NO_DEVICE, "CUDA device %d does not exist (%d found)", device, count);
+    return BITNET_OK;
+}
+
+bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name) {
+    BN_CHECK(ptr != NULL, "%s is NULL", name);
+    BN_CHECK((uintptr_t)ptr % (uintptr_t)align == 0, "%s (%p) is not aligned to %lld bytes", name,
+             ptr, (long long)align);
+    if (device == BITNET_DEVICE_CPU) return BITNET_OK;
+    int32_t where = BITNET_DEVICE_CPU;
+    BN_TRY(bitnet_pointer_device(ptr, &where));
+    if (where == BITNET_DEVICE_CPU)
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT,
+                       "%s (%p) is host memory, but the op runs on CUDA device %d", name, ptr, device);
+    BN_CHECK(where == device, "%s (%p) is on CUDA device %d, but the op runs on CUDA device %d", name,
+             ptr, where, device);
+    return BITNET_OK;
+}

@@ -1,0 +1,78 @@
+"""Test tiers and shared fixtures.
+
+Every test carries exactly one tier marker (cpu, gpu_smoke, gpu, perf) and may add multi_gpu. A test
+that needs a GPU skips with a reason where no real CUDA GPU exists, and fails instead under
+BITNET_STRICT_MODE=1. Random inputs come from the `rng` fixture, whose seed is printed (set
+BITNET_TEST_SEED to replay one)."""
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+TIER_MARKERS = ("cpu", "gpu_smoke", "gpu", "perf")
+GPU_MARKERS = ("gpu_smoke", "gpu", "multi_gpu")
+
+
+def real_gpu_count():
+    """Real CUDA devices, whatever BITNET_GPU_FAKE says (0 if the library cannot be loaded)."""
+    try:
+        from bitnet_ffi import _ffi
+        count = _ffi.ffi.new("int32_t *")
+        _ffi.call("device_count", count, _ffi.ffi.NULL)
+        return count[0]
+    except Exception:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    wrong = [f"{item.nodeid}: {[m for m in TIER_MARKERS if item.get_closest_marker(m)]}"
+             for item in items if sum(bool(item.get_closest_marker(m)) for m in TIER_MARKERS) != 1]
+    if wrong:
+        raise pytest.UsageError("each test needs exactly one tier marker of "
+                                f"{TIER_MARKERS}:\n" + "\n".join(wrong))
+
+
+def require_gpus(needed):
+    """Skips the running test unless `needed` real CUDA GPUs exist; under BITNET_STRICT_MODE=1,
+    fails it instead."""
+    have = real_gpu_count()
+    if have >= needed:
+        return
+    reason = f"needs {needed} real CUDA GPU(s), found {have}"
+    if os.environ.get("BITNET_STRICT_MODE", "").strip() == "1":
+        pytest.fail(f"BITNET_STRICT_MODE=1: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("multi_gpu"):
+        require_gpus(2)
+    elif item.get_closest_marker("gpu_smoke") or item.get_closest_marker("gpu"):
+        require_gpus(1)
+
+
+@pytest.fixture
+def cuda():
+    """For tests outside the GPU tiers (perf) that need a GPU: the device index 0, after the same
+    skip-or-fail rule as the GPU tiers."""
+    require_gpus(1)
+    return 0
+
+
+@pytest.fixture
+def rng(request):
+    """A numpy Generator with a fresh seed per test, printed so that a failure can be replayed."""
+    seed = int(os.environ.get("BITNET_TEST_SEED") or secrets.randbits(32))
+    print(f"seed={seed} (replay with BITNET_TEST_SEED={seed})")
+    request.node.user_properties.append(("seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """Removes every BITNET_* variable that steers detection, so a test sets exactly what it means."""
+    for name in ("BITNET_GPU_FAKE", "BITNET_STRICT_MODE", "BITNET_STRICT_NO_FAKE_GPU",
+                 "BITNET_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
