@@ -72,6 +72,21 @@ $(OBJ_DIR)/%.cu.o: native/src/%.cu $(BUILD_DIR)/config.$(BACKEND)
 clean:
 	rm -rf $(BUILD_DIR)
 
+# A virtual environment with the package (editable) and what the tests need.
+VENV ?= .venv
+TIER ?= auto
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed all
+	$(VENV)/bin/python -m bitnet_ffi info
+
+test: $(VENV)/.installed all
+	$(VENV)/bin/python ci/tiers.py --tier $(TIER)
+
 FORCE:
 
 -include $(C_OBJS:.o=.d) $(CU_OBJS:.o=.d)

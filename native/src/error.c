@@ -54,9 +54,11 @@ bitnet_status bn_check_device(int32_t device) {
     if (device == BITNET_DEVICE_CPU) return BITNET_OK;
     BN_CHECK(device >= 0, "device %d is neither the CPU (-1) nor a CUDA device index", device);
     int32_t count = 0;
-    BN_TRY(bitnet_device_count(&count, NULL));
+    const char *reason = "";
+    BN_TRY(bitnet_device_count(&count, &reason));
     if (device >= count)
-        return bn_fail(BITNET_ERR_NO_DEVICE, "CUDA device %d does not exist (%d found)", device, count);
+        return bn_fail(BITNET_ERR_NO_DEVICE, "CUDA device %d does not exist (%d found%s%s)", device,
+                       count, count ? "" : ": ", reason);
     return BITNET_OK;
 }
 

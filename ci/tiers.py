@@ -1,0 +1,68 @@
+"""Runs the test tiers this machine can run, and says which ran and why.
+
+    python ci/tiers.py [--tier auto|1|2|3|4] [extra pytest arguments]
+
+Tiers: 1 cpu (anywhere), 2 gpu_smoke, 3 gpu (integration, GPU-vs-CPU parity), 4 perf (benchmarks),
+plus multi_gpu where two or more GPUs exist. auto runs tier 1, and tiers 2 and 3 (and multi_gpu)
+on a machine with a real CUDA GPU; tier 4 runs only when asked for. GPUs are probed through
+libbitnet itself, so BITNET_GPU_FAKE never counts. An explicit GPU tier on a machine without one
+runs anyway: its tests skip, or fail under BITNET_STRICT_MODE=1."""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TIERS = {"1": ("cpu", "runs anywhere"), "2": ("gpu_smoke", "quick GPU checks"),
+         "3": ("gpu", "GPU integration and parity"), "4": ("perf", "benchmarks")}
+
+
+def probe():
+    """(real CUDA GPU count, reason when 0)."""
+    sys.path.insert(0, str(REPO))
+    from bitnet_ffi import _ffi
+    count, reason = _ffi.ffi.new("int32_t *"), _ffi.ffi.new("const char **")
+    _ffi.call("device_count", count, reason)
+    return count[0], _ffi.ffi.string(reason[0]).decode()
+
+
+def choose(tier, gpus, reason):
+    """[(marker, why)] to run, and [(marker, why not)] skipped."""
+    if tier != "auto":
+        marker, what = TIERS[tier]
+        return [(marker, f"asked for ({what}); {gpus} real GPU(s)")], []
+    run, skipped = [("cpu", "tier 1 runs anywhere")], []
+    for number in ("2", "3"):
+        marker, what = TIERS[number]
+        if gpus:
+            run.append((marker, f"tier {number}, {what}: {gpus} real GPU(s)"))
+        else:
+            skipped.append((marker, f"tier {number}, {what}: no real CUDA GPU ({reason})"))
+    if gpus >= 2:
+        run.append(("multi_gpu", f"{gpus} GPUs"))
+    else:
+        skipped.append(("multi_gpu", f"needs 2 GPUs, found {gpus}"))
+    skipped.append(("perf", "tier 4 runs only with --tier 4"))
+    return run, skipped
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tier", default="auto", choices=["auto", *TIERS])
+    args, pytest_args = parser.parse_known_args()
+    gpus, reason = probe()
+    run, skipped = choose(args.tier, gpus, reason)
+    for marker, why in run:
+        print(f"[tiers] run  {marker:10s} {why}")
+    for marker, why in skipped:
+        print(f"[tiers] skip {marker:10s} {why}")
+    expression = " or ".join(marker for marker, _ in run)
+    command = [sys.executable, "-m", "pytest", "-m", expression, *pytest_args]
+    print("[tiers] " + " ".join(command), flush=True)
+    code = subprocess.call(command, cwd=REPO)
+    print(f"[tiers] ran: {', '.join(m for m, _ in run)}; pytest exit code {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The loader, the ABI as the header declares it, and the status -> exception path."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import bitnet_ffi
+from bitnet_ffi import _ffi, errors
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.cpu
+
+
+def declared_functions():
+    return set(re.findall(r"\bbitnet_status\s+(bitnet_\w+)\s*\(", _ffi._header_declarations()))
+
+
+def exported_functions(library):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(library)], check=True,
+                         capture_output=True, text=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.split()[-1].startswith("bitnet_")}
+
+
+def run_python(code, **env):
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("BITNET_")}
+    environment.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=environment, cwd=str(REPO))
+
+
+def test_header_and_library_export_the_same_functions():
+    library = _ffi.library_candidates()
+    loaded = next(p for p in library if p.is_file())
+    assert declared_functions(), "no declarations found between the CDEF markers"
+    assert exported_functions(loaded) == declared_functions()
+
+
+def test_cpu_only_build_exports_the_same_abi(tmp_path):
+    build = subprocess.run(["make", "-s", f"BUILD_DIR={tmp_path}", "BITNET_CPU_ONLY=1"],
+                           cwd=REPO, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    assert "CPU-only" in build.stdout
+    assert exported_functions(tmp_path / "libbitnet.so") == declared_functions()
+    probe = run_python("import bitnet_ffi; from bitnet_ffi import _ffi\n"
+                       "c = _ffi.ffi.new('int32_t *'); r = _ffi.ffi.new('const char **')\n"
+                       "_ffi.call('device_count', c, r); print(c[0], _ffi.ffi.string(r[0]).decode())\n"
+                       "try:\n    bitnet_ffi.DeviceArray((4,), 'float32', 0)\n"
+                       "except bitnet_ffi.NoDeviceError as e:\n    print('NoDeviceError', e)\n",
+                       BITNET_LIB=str(tmp_path / "libbitnet.so"))
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.startswith("0 this libbitnet was built without CUDA")
+    assert "NoDeviceError CUDA device 0 does not exist (0 found: this libbitnet was built without CUDA" \
+        in probe.stdout
+
+
+def test_bad_bitnet_lib_names_the_path_and_make():
+    result = run_python("import bitnet_ffi; bitnet_ffi.library_version()",
+                        BITNET_LIB="/nonexistent/libbitnet.so")
+    assert result.returncode != 0
+    assert "LibraryNotFoundError" in result.stderr
+    assert "/nonexistent/libbitnet.so (not found)" in result.stderr
+    assert "make" in result.stderr
+
+
+def test_not_a_library_is_reported(tmp_path):
+    fake = tmp_path / "libbitnet.so"
+    fake.write_text("not an ELF file")
+    result = run_python("import bitnet_ffi; bitnet_ffi.library_version()", BITNET_LIB=str(fake))
+    assert result.returncode != 0
+    assert "LibraryNotFoundError" in result.stderr and str(fake) in result.stderr
+
+
+def test_missing_library_lists_every_path_tried(tmp_path):
+    package = tmp_path / "bitnet_ffi"
+    shutil.copytree(REPO / "bitnet_ffi", package, ignore=shutil.ignore_patterns("*.so"))
+    shutil.copy(REPO / "native" / "include" / "bitnet.h", package / "bitnet.h")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("BITNET_")}
+    result = subprocess.run([sys.executable, "-c", "import bitnet_ffi; bitnet_ffi.library_version()"],
+                            capture_output=True, text=True, cwd=str(tmp_path), env=environment)
+    assert result.returncode != 0
+    assert f"{package / 'libbitnet.so'} (not found)" in result.stderr
+    assert f"{tmp_path / 'build' / 'libbitnet.so'} (not found)" in result.stderr
+    assert "Run `make`" in result.stderr
+
+
+def test_version():
+    assert bitnet_ffi.library_version() == tuple(int(p) for p in bitnet_ffi.__version__.split("."))
+
+
+@pytest.mark.parametrize("status,cls", [(1, errors.InvalidArgumentError),
+                                        (2, errors.UnsupportedError), (3, errors.NoDeviceError),
+                                        (4, errors.OutOfMemoryError), (5, errors.CudaError),
+                                        (6, errors.InternalError), (99, errors.BitNetError)])
+def test_every_status_maps_to_its_exception(status, cls):
+    _ffi.lib().bitnet_malloc(0, -1, _ffi.ffi.new("void **"))  # leaves a known message behind
+    with pytest.raises(cls) as info:
+        _ffi.check(status)
+    assert type(info.value) is cls and info.value.status == status
+    assert "nbytes must not be negative, got -1" in str(info.value)
+    assert isinstance(info.value, errors.BitNetError)
+
+
+def test_ok_status_raises_nothing():
+    assert _ffi.check(0) is None
+
+
+def test_invalid_argument_carries_the_library_message():
+    with pytest.raises(errors.InvalidArgumentError, match="nbytes must not be negative, got -5"):
+        _ffi.call("malloc", 0, -5, _ffi.ffi.new("void **"))
+
+
+def test_no_device_for_an_absent_device_index():
+    info = _ffi.ffi.new("bitnet_device_info *")
+    with pytest.raises(errors.NoDeviceError, match="device 4096|without CUDA"):
+        _ffi.call("device_get_info", 4096, info)
+    with pytest.raises(errors.InvalidArgumentError, match="not a CUDA device index"):
+        _ffi.call("device_get_info", -1, info)
+
+
+def test_last_error_is_per_thread():
+    barrier = threading.Barrier(2)
+    seen = {}
+
+    def fail_with(nbytes):
+        _ffi.lib().bitnet_malloc(0, nbytes, _ffi.ffi.new("void **"))
+        barrier.wait()  # both threads have failed before either reads its message
+        seen[nbytes] = _ffi.last_error()
+
+    threads = [threading.Thread(target=fail_with, args=(n,)) for n in (-7, -8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "got -7" in seen[-7] and "got -8" in seen[-8]
