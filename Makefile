@@ -20,9 +20,10 @@ endif
 C_SRCS    := $(wildcard native/src/*.c native/src/cpu/*.c)
 CU_SRCS   := $(wildcard native/src/cuda/*.cu)
 CPPFLAGS  := -Inative/include -Inative/src
-CFLAGS    ?= -O3
-CFLAGS    += -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wshadow
-LDFLAGS   += -shared -fopenmp -Wl,--version-script=native/bitnet.map -Wl,--no-undefined
+OPT       ?= -O3
+SANITIZE  ?=
+CFLAGS    := $(OPT) $(SANITIZE) -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wshadow
+LDFLAGS   := -shared -fopenmp $(SANITIZE) -Wl,--version-script=native/bitnet.map -Wl,--no-undefined
 
 ifneq ($(NVCC),)
 BACKEND   := cuda
@@ -47,7 +48,7 @@ OBJ_DIR := $(BUILD_DIR)/obj-$(BACKEND)
 C_OBJS  := $(C_SRCS:native/src/%.c=$(OBJ_DIR)/%.o)
 CU_OBJS := $(CU_SRCS:native/src/%.cu=$(OBJ_DIR)/%.cu.o)
 
-.PHONY: all clean demo test asan
+.PHONY: all clean demo test asan asan-test
 all: $(LIB)
 ifeq ($(BACKEND),cpu)
 	@echo "libbitnet: nvcc not found (or BITNET_CPU_ONLY=1): built the CPU-only library $(LIB)"
@@ -82,10 +83,23 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed all
-	$(VENV)/bin/python -m bitnet_ffi info
+	$(VENV)/bin/python -m bitnet_ffi demo
 
 test: $(VENV)/.installed all
 	$(VENV)/bin/python ci/tiers.py --tier $(TIER)
+
+# The CPU library under AddressSanitizer and UndefinedBehaviorSanitizer (any report is fatal), and
+# tier 1 run against it. Python itself is not instrumented, so the ASan runtime is preloaded and
+# leak detection (which would report the interpreter's own) is off.
+ASAN_DIR := build-asan
+asan:
+	$(MAKE) BUILD_DIR=$(ASAN_DIR) BITNET_CPU_ONLY=1 OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SANITIZE="-fsanitize=address,undefined -fno-sanitize-recover=all"
+
+asan-test: $(VENV)/.installed asan
+	BITNET_LIB=$(CURDIR)/$(ASAN_DIR)/libbitnet.so LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) \
+	    $$($(CC) -print-file-name=libubsan.so)" ASAN_OPTIONS=detect_leaks=0 \
+	    UBSAN_OPTIONS=print_stacktrace=1 $(VENV)/bin/python -m pytest -m cpu -q -p no:cacheprovider
 
 FORCE:
 

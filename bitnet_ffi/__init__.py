@@ -1,7 +1,14 @@
 """bitnet_ffi: BitNet b1.58 inference kernels (CUDA and CPU) behind a plain C ABI, for numpy,
 PyTorch and CuPy arrays."""
 from ._arrays import DeviceArray
+from .attention import attention, attention_workspace_size
+from .layer import relu2_gate, rope_append_kv
+from .cuda_graph import Event, Graph, Stream
 from .device import detect, resolve, select
+from .head import add_int32, argmax, embedding, gemv_bf16
+from .norm import add_rmsnorm, rmsnorm, rmsnorm_quantize
+from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
+                      quantize_i2s, set_cpu_isa)
 from .errors import (BitNetError, ConfigurationError, CudaError, InternalError,
                      InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
                      UnsupportedError)

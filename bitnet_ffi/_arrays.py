@@ -193,6 +193,27 @@ def new_like(reference, shape, dtype):
     return DeviceArray(shape, dtype, reference.device)
 
 
+def upload_int32(host, reference, name):
+    """Checked host integers as an int32 array on the reference's device: the caller asked for a
+    GPU op with host-side metadata, so this is an explicit, synchronous copy (complete before any
+    stream reads it)."""
+    host = np.ascontiguousarray(host, dtype=np.int32)
+    if reference.device == CPU:
+        return as_array(host, name)
+    if reference.kind == "torch":
+        import torch
+        uploaded = torch.from_numpy(host).to(reference.obj.device)
+        torch.cuda.current_stream(reference.device).synchronize()
+        return as_array(uploaded, name)
+    if reference.kind == "cupy":
+        import cupy
+        with cupy.cuda.Device(reference.device):
+            uploaded = cupy.asarray(host)
+            cupy.cuda.get_current_stream().synchronize()
+        return as_array(uploaded, name)
+    return as_array(DeviceArray.from_numpy(host, reference.device), name)
+
+
 class DeviceArray:
     """Memory on a CUDA device, allocated and freed by libbitnet. Exports
     ``__cuda_array_interface__`` (except for bfloat16, which the interface cannot describe), so
@@ -211,6 +232,36 @@ class DeviceArray:
         _ffi.call("malloc", self.device, self.nbytes, out)
         self.ptr = int(_ffi.ffi.cast("uintptr_t", out[0]))
         self._finalizer = weakref.finalize(self, _free, self.device, self.ptr)
+
+    @classmethod
+    def _view(cls, base, ptr, shape):
+        view = cls.__new__(cls)
+        view.shape, view.dtype, view.device = tuple(shape), base.dtype, base.device
+        view.nbytes = int(np.prod(view.shape, dtype=np.int64)) * ITEMSIZE[base.dtype]
+        view.ptr, view._base = ptr, base  # the base owns the memory; the view keeps it alive
+        view._finalizer = lambda: None
+        return view
+
+    def reshape(self, *shape):
+        """A view with another shape of the same number of elements."""
+        shape = tuple(shape[0]) if len(shape) == 1 and not np.isscalar(shape[0]) else shape
+        if -1 in shape:
+            known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+            shape = tuple(self.nbytes // ITEMSIZE[self.dtype] // known if d == -1 else d
+                          for d in shape)
+        if int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[self.dtype] != self.nbytes:
+            raise InvalidArgumentError(f"cannot reshape {list(self.shape)} to {list(shape)}")
+        return DeviceArray._view(self, self.ptr, shape)
+
+    def __getitem__(self, rows):
+        """A view of a range of rows (the leading axis), which is contiguous."""
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise InvalidArgumentError("DeviceArray supports only contiguous row slices a[i:j]")
+        start, stop, _ = rows.indices(self.shape[0])
+        stop = max(start, stop)
+        row_bytes = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return DeviceArray._view(self, self.ptr + start * row_bytes,
+                                 (stop - start, *self.shape[1:]))
 
     @classmethod
     def from_numpy(cls, array, device=0):

@@ -1,4 +1,5 @@
-"""python -m bitnet_ffi COMMAND: info (devices and selection)."""
+"""python -m bitnet_ffi COMMAND: info (devices and selection), demo (the main job: a BitNet b1.58
+2B4T decode through the library)."""
 import argparse
 import json
 import sys
@@ -40,6 +41,11 @@ def main(argv=None):
     info_parser.add_argument("--json", action="store_true", help="print one JSON object")
     info_parser.add_argument("--device", help="as BITNET_DEVICE: auto, cpu, cuda or cuda:N")
     info_parser.set_defaults(run=info)
+    from . import demo
+    demo_parser = commands.add_parser("demo", help="prefill and greedy decode of a BitNet b1.58 "
+                                                   "2B4T-shaped model, with timings")
+    demo.add_arguments(demo_parser)
+    demo_parser.set_defaults(run=demo.main)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -107,9 +107,150 @@ bitnet_status bitnet_stream_synchronize(void *stream);
 
 /* ---- W2A8 GEMV and ternary / int8 quantization (docs/weight_format.md) ---- */
 
+/* Ternary weights, packed: uint8 [M, K/4], 2 bits per weight (docs/weight_format.md); K % 128 == 0.
+ * quantize_i2s: scale = mean |W| over the tensor, or over each row segment (row_segments: a host
+ * array of n_segments row counts summing to M, or NULL for one segment), computed in float64,
+ * stored as float32, floored at 1e-5; W_q = clamp(rint(w / scale), -1, 1) in float32 arithmetic.
+ * w_scales[m] is the scale of row m's segment. On a GPU, w_packed serves as scratch for row sums. */
+bitnet_status bitnet_quantize_i2s(int32_t device, const void *w /* [M, K] */, int32_t w_dtype,
+                                  int64_t M, int64_t K, const int64_t *row_segments,
+                                  int64_t n_segments, uint8_t *w_packed /* [M, K/4] */,
+                                  float *w_scales /* [M] */, void *stream);
+
+/* Packs int8 values in {-1, 0, 1}; any other value is an error and w_packed is left untouched
+ * (on a GPU this waits for the stream, so it cannot be captured in a CUDA graph). */
+bitnet_status bitnet_pack_ternary(int32_t device, const int8_t *w_q /* [M, K] */, int64_t M,
+                                  int64_t K, uint8_t *w_packed /* [M, K/4] */, void *stream);
+
+/* w_q = code - 1 for every 2-bit code. */
+bitnet_status bitnet_unpack_ternary(int32_t device, const uint8_t *w_packed /* [M, K/4] */,
+                                    int64_t M, int64_t K, int8_t *w_q /* [M, K] */, void *stream);
+
+/* Per row n: s = 127 / max(max |x[n]|, 1e-5), x_q = clamp(rint(x * s), -128, 127), in float32. */
+bitnet_status bitnet_quantize_a8(int32_t device, const void *x /* [N, K] */, int32_t x_dtype,
+                                 int64_t N, int64_t K, int8_t *x_q /* [N, K] */,
+                                 float *x_scales /* [N] */, void *stream);
+
+/* y[n, m] = dot(x_q[n], W_q[m]) * w_scales[m] / x_scales[n] in float32, then rounded to y_dtype
+ * (F32, F16, BF16); y_dtype I32 gives the exact integer dot. K % 128 == 0, K <= 2^22. w_packed
+ * and x_q aligned to 16 bytes. On a GPU the launch uses programmatic dependent launch: the weight
+ * loads may start before the previous kernel on the stream has finished (x is read after it). */
+bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed /* [M, K/4] */,
+                               const float *w_scales /* [M] */, int64_t M, int64_t K,
+                               const int8_t *x_q /* [N, K] */, const float *x_scales /* [N] */,
+                               int64_t N, void *y /* [N, M] */, int32_t y_dtype, void *stream);
+
+/* The CPU SIMD path of the ternary ops: 0 auto (the best this CPU runs), 1 portable C, 2 AVX2,
+ * 3 AVX-512 VNNI. Choosing a path this CPU cannot run is BITNET_ERR_UNSUPPORTED. Process-wide. */
+bitnet_status bitnet_cpu_set_isa(int32_t isa);
+/* The path in use (1, 2 or 3; never 0). */
+bitnet_status bitnet_cpu_get_isa(int32_t *isa);
+
 /* ---- RMSNorm and its fused variants ---- */
 
+/* RMSNorm over the last dimension, accumulated in float32 (docs/rmsnorm.md), for each row t:
+ *   v = x[t], or with residual: residual[t] += x[t] (stored in dtype) and v = that stored value;
+ *   y[t] = v / sqrt(mean(v^2) + eps) * weight;
+ *   with y_q: y_scales[t] = 127 / max(max |y[t]|, 1e-5), y_q[t] = clamp(rint(y[t] * y_scales[t]),
+ *   -128, 127), from the float32 y before any rounding to dtype (quantize_a8's rule, fused).
+ * dtype: float32, float16 or bfloat16, for x, residual, weight and y. eps: finite, >= 0. Give y,
+ * y_q (with y_scales) or both. y may be x (in place); no other arrays may overlap. Rows whose
+ * float32 sum of squares overflows or underflows are summed again in float64. */
+bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H,
+                             const void *x /* [T, H] */,
+                             void *residual /* [T, H] in/out, or NULL */,
+                             const void *weight /* [H] */, float eps,
+                             void *y /* [T, H] or NULL */, int8_t *y_q /* [T, H] or NULL */,
+                             float *y_scales /* [T], with y_q */, void *stream);
+
 /* ---- Attention and the glue of a BitNet layer ---- */
+
+/* Grouped-query attention with an online softmax accumulated in float32 (docs/attention.md):
+ *   out[b,i,h,:] = sum_j softmax_j(q[b,i,h,:] . k[b,j,h/G,:] * scale + mask[i,j]) v[b,j,h/G,:]
+ * with G = Hq / Hkv query heads per KV head and keys j < L = seq_lens[b] (all C when seq_lens is
+ * NULL). The Sq queries are the last Sq positions of their sequence: with causal = 1, query i sees
+ * keys 0 .. L - Sq + i (FlashAttention's kv-cache convention; Sq = L = C is causal prefill).
+ * dtype: float16 or bfloat16 (float32 too on the CPU), the same for q, k, v and out. D: 64 or 128.
+ * scale: 0 means 1 / sqrt(D). seq_lens: int32 in the op's memory; each must lie in [Sq, C] (causal)
+ * or [1, C]. On the CPU they are checked; on a GPU they are not read by the host: a sequence whose
+ * device-resident length is out of range gets NaN outputs and no memory outside the arrays is read.
+ * workspace: float32 split-KV partials of bitnet_attention_workspace_size bytes (NULL when that is
+ * 0); the op allocates nothing, so it can be captured in a CUDA graph. */
+bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                               int64_t Hkv, int64_t D,
+                               const void *q /* [B, Sq, Hq, D] */,
+                               const void *k /* [B, C, Hkv, D] */,
+                               const void *v /* [B, C, Hkv, D] */, int64_t C,
+                               const int32_t *seq_lens /* [B] or NULL */, int32_t causal,
+                               float scale, void *out /* [B, Sq, Hq, D] */,
+                               void *workspace /* [workspace_bytes] or NULL */,
+                               int64_t workspace_bytes, void *stream);
+
+/* The workspace bitnet_attention needs for these sizes on `device` (0 on the CPU). */
+bitnet_status bitnet_attention_workspace_size(int32_t device, int64_t B, int64_t Sq, int64_t Hq,
+                                              int64_t Hkv, int64_t D, int64_t C, int64_t *bytes);
+
+/* RoPE (rotate-half convention) on q in place and on k, fused with appending to the KV cache. For
+ * token s of sequence b at position p = positions[b] + s, each head's pairs (x[i], x[i + D/2]),
+ * i < D/2, rotate by the angle p * theta^(-2i/D):
+ *   x'[i] = x[i] cos - x[i + D/2] sin,   x'[i + D/2] = x[i + D/2] cos + x[i] sin
+ * Then k_cache[b, p, :, :] = rotated k[b, s] and v_cache[b, p, :, :] = v[b, s]. Angles in float32
+ * on the GPU (float64 on the CPU). positions: int32 [B] in the op's memory, p + S <= C (checked
+ * on the CPU; on a GPU a sequence out of range is skipped, its q and cache left as they were). */
+bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t S, int64_t Hq,
+                                    int64_t Hkv, int64_t D, void *q /* [B, S, Hq, D] in/out */,
+                                    const void *k /* [B, S, Hkv, D] */,
+                                    const void *v /* [B, S, Hkv, D] */,
+                                    void *k_cache /* [B, C, Hkv, D] */,
+                                    void *v_cache /* [B, C, Hkv, D] */, int64_t C,
+                                    const int32_t *positions /* [B] */, float theta, void *stream);
+
+/* Squared-ReLU gate of the fused gate|up projection: out[t, f] = max(gate_up[t, f], 0)^2 *
+ * gate_up[t, F + f], computed in float32. */
+bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                const void *gate_up /* [T, 2F] */, void *out /* [T, F] */,
+                                void *stream);
+
+/* ---- Model glue: the output head, greedy argmax, embedding lookup ---- */
+
+/* y[n, m] = sum_k x[n, k] * w[m, k], accumulated in float32: the bfloat16 output head (or any dense
+ * bfloat16 linear layer). x: float32 or bfloat16; y: float32 or bfloat16. K % 8 == 0; w and x
+ * 16-byte aligned. */
+bitnet_status bitnet_gemv_bf16(int32_t device, const void *w /* [M, K] bfloat16 */, int64_t M,
+                               int64_t K, const void *x /* [N, K] */, int32_t x_dtype, int64_t N,
+                               void *y /* [N, M] */, int32_t y_dtype, void *stream);
+
+/* index[n] = the first m with x[n, m] maximal (a NaN counts as the maximum, as numpy.argmax). */
+bitnet_status bitnet_argmax(int32_t device, const float *x /* [N, M] */, int64_t N, int64_t M,
+                            int32_t *index /* [N] */, void *stream);
+
+/* out[n, :] = table[ids[n], :]. ids: int32 in the op's memory; on the CPU an id outside [0, V) is an
+ * error; on a GPU (ids are not read by the host) its row of out is filled with NaN. */
+bitnet_status bitnet_embedding(int32_t device, int32_t dtype, const void *table /* [V, H] */,
+                               int64_t V, int64_t H, const int32_t *ids /* [N] */, int64_t N,
+                               void *out /* [N, H] */, void *stream);
+
+/* x[i] += delta for i < n, int32: advances positions and lengths between replays of a captured
+ * decode step, without the host. */
+bitnet_status bitnet_add_int32(int32_t device, int32_t *x /* [n] */, int64_t n, int32_t delta,
+                               void *stream);
+
+/* ---- Streams, events and CUDA graphs (so that callers without PyTorch or CuPy can capture and
+ * time work) ---- */
+
+bitnet_status bitnet_stream_create(int32_t device, void **stream /* non-blocking */);
+bitnet_status bitnet_stream_destroy(int32_t device, void *stream);
+bitnet_status bitnet_event_create(int32_t device, void **event);
+bitnet_status bitnet_event_destroy(int32_t device, void *event);
+bitnet_status bitnet_event_record(void *event, void *stream);
+/* Waits for `end`, then gives the milliseconds between the two recorded events. */
+bitnet_status bitnet_event_elapsed_ms(void *start, void *end, float *ms);
+/* Captures the work then issued by this thread on `stream` (not the legacy default stream) into a
+ * graph; capture_end instantiates it. Ops do no allocation or synchronization, so they capture. */
+bitnet_status bitnet_graph_capture_begin(void *stream);
+bitnet_status bitnet_graph_capture_end(void *stream, void **graph);
+bitnet_status bitnet_graph_launch(void *graph, void *stream);
+bitnet_status bitnet_graph_destroy(void *graph);
 
 /* BITNET_CDEF_END */
 

@@ -63,9 +63,133 @@ bitnet_status bn_cuda_stream_synchronize(void *stream);
 
 /* ---- W2A8 GEMV and ternary / int8 quantization ---- */
 
+/* Shared checks of the ternary ops: M >= 1, K a multiple of 128 up to BN_TERNARY_MAX_K (so that
+ * a dot of codes 0..2 with int8 fits in int32), M * K within int64; a float dtype. */
+#define BN_TERNARY_MAX_K (1 << 22)
+bitnet_status bn_check_ternary_shape(const char *op, int64_t M, int64_t K);
+bitnet_status bn_check_float_dtype(const char *op, const char *name, int32_t dtype);
+
+enum { BN_ISA_AUTO = 0, BN_ISA_PORTABLE = 1, BN_ISA_AVX2 = 2, BN_ISA_AVX512_VNNI = 3 };
+/* The CPU path in use (never BN_ISA_AUTO), and whether this CPU can run `isa`. */
+int32_t bn_cpu_isa(void);
+int bn_cpu_isa_supported(int32_t isa);
+void bn_cpu_set_isa(int32_t isa);
+
+bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int64_t K,
+                                  const int64_t *row_segments, int64_t n_segments,
+                                  uint8_t *w_packed, float *w_scales);
+bitnet_status bn_cpu_pack_ternary(const int8_t *w_q, int64_t M, int64_t K, uint8_t *w_packed);
+bitnet_status bn_cpu_unpack_ternary(const uint8_t *w_packed, int64_t M, int64_t K, int8_t *w_q);
+bitnet_status bn_cpu_quantize_a8(const void *x, int32_t x_dtype, int64_t N, int64_t K, int8_t *x_q,
+                                 float *x_scales);
+bitnet_status bn_cpu_gemv_w2a8(const uint8_t *w_packed, const float *w_scales, int64_t M,
+                               int64_t K, const int8_t *x_q, const float *x_scales, int64_t N,
+                               void *y, int32_t y_dtype);
+
+bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M,
+                                   int64_t K, const int64_t *row_segments, int64_t n_segments,
+                                   uint8_t *w_packed, float *w_scales, void *stream);
+bitnet_status bn_cuda_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, int64_t K,
+                                   uint8_t *w_packed, void *stream);
+bitnet_status bn_cuda_unpack_ternary(int32_t device, const uint8_t *w_packed, int64_t M, int64_t K,
+                                     int8_t *w_q, void *stream);
+bitnet_status bn_cuda_quantize_a8(int32_t device, const void *x, int32_t x_dtype, int64_t N,
+                                  int64_t K, int8_t *x_q, float *x_scales, void *stream);
+bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
+                                int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
+                                int64_t N, void *y, int32_t y_dtype, void *stream);
+
 /* ---- RMSNorm ---- */
 
+bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x, void *residual,
+                             const void *weight, float eps, void *y, int8_t *y_q,
+                             float *y_scales);
+bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
+                              void *residual, const void *weight, float eps, void *y,
+                              int8_t *y_q, float *y_scales, void *stream);
+
 /* ---- Attention and layer glue ---- */
+
+/* The GPU runs Sq * Hq / Hkv <= BN_ATTENTION_DECODE_MAX_ROWS query rows per KV head with the split-KV
+ * decode kernel (in blocks of up to BN_ATTENTION_DECODE_BLOCK_ROWS rows), more with the prefill one. */
+#define BN_ATTENTION_DECODE_MAX_ROWS 64
+#define BN_ATTENTION_DECODE_BLOCK_ROWS 16
+#define BN_ATTENTION_DECODE_TILE_KEYS 64
+#define BN_ATTENTION_MAX_SPLITS 1024
+int bn_attention_uses_decode(int64_t Sq, int64_t Hq, int64_t Hkv);
+/* Split-KV: the number of key ranges a GPU decode splits each sequence into (1: none). */
+int64_t bn_attention_num_splits(int32_t sm_count, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                                int64_t D, int64_t C);
+/* Bytes of workspace for `num_splits` partials of B * Sq * Hq rows. */
+int64_t bn_attention_workspace_bytes(int64_t num_splits, int64_t B, int64_t Sq, int64_t Hq, int64_t D);
+bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count);
+
+#ifndef __cplusplus
+/* Element i of a float32 / float16 / bfloat16 array as float, and back (round to nearest even):
+ * for the CPU backend of the attention and glue ops. */
+static inline float bn_load_float(const void *p, int32_t dtype, int64_t i) {
+    if (dtype == BITNET_DTYPE_F32) return ((const float *)p)[i];
+    if (dtype == BITNET_DTYPE_F16) return (float)((const _Float16 *)p)[i];
+    union { uint32_t u; float f; } bits = {(uint32_t)((const uint16_t *)p)[i] << 16};
+    return bits.f;
+}
+static inline void bn_store_float(void *p, int32_t dtype, int64_t i, float x) {
+    if (dtype == BITNET_DTYPE_F32) {
+        ((float *)p)[i] = x;
+    } else if (dtype == BITNET_DTYPE_F16) {
+        ((_Float16 *)p)[i] = (_Float16)x;
+    } else {
+        union { float f; uint32_t u; } bits = {x};
+        uint32_t u = bits.u;
+        if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u; /* NaN stays a (quiet) NaN */
+        else u += 0x7fffu + ((u >> 16) & 1u);
+        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    }
+}
+#endif
+
+bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                               int64_t D, const void *q, const void *k, const void *v, int64_t C,
+                               const int32_t *seq_lens, int32_t causal, float scale, void *out);
+bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                                int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
+                                int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
+                                void *out, void *workspace, int64_t num_splits, void *stream);
+bitnet_status bn_cpu_rope_append_kv(int32_t dtype, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
+                                    int64_t D, void *q, const void *k, const void *v, void *k_cache,
+                                    void *v_cache, int64_t C, const int32_t *positions, float theta);
+bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t S,
+                                     int64_t Hq, int64_t Hkv, int64_t D, void *q, const void *k,
+                                     const void *v, void *k_cache, void *v_cache, int64_t C,
+                                     const int32_t *positions, float theta, void *stream);
+bitnet_status bn_cpu_relu2_gate(int32_t dtype, int64_t T, int64_t F, const void *gate_up, void *out);
+bitnet_status bn_cuda_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                 const void *gate_up, void *out, void *stream);
+
+/* ---- Model glue and graphs ---- */
+bitnet_status bn_cpu_gemv_bf16(const void *w, int64_t M, int64_t K, const void *x, int32_t x_dtype,
+                               int64_t N, void *y, int32_t y_dtype);
+bitnet_status bn_cuda_gemv_bf16(int32_t device, const void *w, int64_t M, int64_t K, const void *x,
+                                int32_t x_dtype, int64_t N, void *y, int32_t y_dtype, void *stream);
+bitnet_status bn_cpu_argmax(const float *x, int64_t N, int64_t M, int32_t *index);
+bitnet_status bn_cuda_argmax(int32_t device, const float *x, int64_t N, int64_t M, int32_t *index,
+                             void *stream);
+bitnet_status bn_cpu_embedding(int32_t dtype, const void *table, int64_t V, int64_t H,
+                               const int32_t *ids, int64_t N, void *out);
+bitnet_status bn_cuda_embedding(int32_t device, int32_t dtype, const void *table, int64_t V,
+                                int64_t H, const int32_t *ids, int64_t N, void *out, void *stream);
+bitnet_status bn_cpu_add_int32(int32_t *x, int64_t n, int32_t delta);
+bitnet_status bn_cuda_add_int32(int32_t device, int32_t *x, int64_t n, int32_t delta, void *stream);
+bitnet_status bn_cuda_stream_create(int32_t device, void **stream);
+bitnet_status bn_cuda_stream_destroy(int32_t device, void *stream);
+bitnet_status bn_cuda_event_create(int32_t device, void **event);
+bitnet_status bn_cuda_event_destroy(int32_t device, void *event);
+bitnet_status bn_cuda_event_record(void *event, void *stream);
+bitnet_status bn_cuda_event_elapsed_ms(void *start, void *end, float *ms);
+bitnet_status bn_cuda_graph_capture_begin(void *stream);
+bitnet_status bn_cuda_graph_capture_end(void *stream, void **graph);
+bitnet_status bn_cuda_graph_launch(void *graph, void *stream);
+bitnet_status bn_cuda_graph_destroy(void *graph);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,126 @@
+"""Grouped-query attention over a KV cache (decode) or a prompt (causal prefill)."""
+import math
+
+import numpy as np
+
+from . import _arrays, _ffi
+from ._arrays import CPU, DTYPE_CODES, FLOAT_DTYPES
+from .errors import InvalidArgumentError
+
+
+def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspace=None,
+              stream=None):
+    """Grouped-query attention with an online softmax accumulated in float32.
+
+    ``out[b, i, h] = sum_j softmax_j(q[b, i, h] . k[b, j, h // G] * scale + mask[i, j]) v[b, j, h // G]``
+    with ``G = Hq // Hkv`` and keys ``j < L = seq_lens[b]`` (all C when seq_lens is None). The Sq
+    queries are the last Sq positions of their sequence: with ``causal=True`` query i sees keys
+    ``0 .. L - Sq + i`` (FlashAttention's kv-cache convention; Sq = L is causal prefill).
+
+    Parameters
+    ----------
+    q : array [B, Sq, Hq, D]
+        float16 or bfloat16 (float32 too on the CPU); D is 64 or 128.
+    k, v : arrays [B, C, Hkv, D]
+        The keys and values (a KV cache of capacity C), same dtype and device as q.
+    causal : bool
+    scale : float, optional
+        Defaults to 1 / sqrt(D).
+    seq_lens : sequence of int, or int32 array [B] on q's device, optional
+        Valid lengths, each in [Sq, C] (causal) or [1, C]. Host values (a list, tuple or numpy
+        array) are checked here and, for a GPU op, uploaded to the device with an explicit copy
+        (this waits for the copy; pass a device array to keep the call asynchronous and
+        capturable in a CUDA graph). A device array is not read by the host: a sequence whose
+        length is out of range gets NaN outputs, and no memory outside the arrays is read.
+    out : array [B, Sq, Hq, D], optional
+        Written in place and returned; a new array of q's kind otherwise.
+    workspace : uint8 array on q's device, optional
+        Split-KV scratch of ``attention_workspace_size(...)`` bytes; allocated per call when
+        None and needed. Pass one to make the call allocation-free (CUDA graphs).
+    stream : optional
+        CUDA stream; by default the current stream of q's framework.
+
+    Returns
+    -------
+    out
+    """
+    arrays, device, handle = _arrays.prepare({"q": q, "k": k, "v": v, "out": out}, stream)
+    qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
+    B, Sq, Hq, D = qa.shape
+    ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, None, None, D))
+    C, Hkv = ka.shape[1], ka.shape[2]
+    _arrays.check(arrays["v"], "v", qa.dtype, (B, C, Hkv, D))
+    if Hkv == 0 or Hq % Hkv:
+        raise InvalidArgumentError(f"q has {Hq} heads, which is not a multiple of the {Hkv} "
+                                   "heads of k and v")
+    if scale is not None and not math.isfinite(scale):
+        raise InvalidArgumentError(f"scale must be finite, got {scale}")
+    lens = _seq_lens(seq_lens, qa, B, Sq, C, causal)
+    if out is None:
+        out = _arrays.new_like(qa, (B, Sq, Hq, D), qa.dtype)
+        outa = _arrays.as_array(out, "out")
+    else:
+        outa = _arrays.check(arrays["out"], "out", qa.dtype, (B, Sq, Hq, D))
+    ws_bytes = attention_workspace_size(device, B, Sq, Hq, Hkv, D, C)
+    if workspace is None and ws_bytes:
+        workspace = _arrays.new_like(qa, (ws_bytes,), "uint8")
+    wsa = None if workspace is None else _arrays.as_array(workspace, "workspace")
+    if wsa is not None and wsa.device != device:
+        raise InvalidArgumentError(f"workspace is on {_arrays.device_name(wsa.device)}, "
+                                   f"but q is on {_arrays.device_name(device)}")
+    ffi = _ffi.ffi
+    _ffi.call("attention", device, DTYPE_CODES[qa.dtype], B, Sq, Hq, Hkv, D,
+              qa.cptr(), ka.cptr(), arrays["v"].cptr(), C,
+              ffi.NULL if lens is None else lens.cptr("int32_t *"), int(bool(causal)),
+              0.0 if scale is None else float(scale), outa.cptr(),
+              ffi.NULL if wsa is None else wsa.cptr(),
+              0 if wsa is None else wsa.size * _arrays.ITEMSIZE[wsa.dtype], ffi.cast("void *", handle))
+    return out
+
+
+def attention_workspace_size(device, B, Sq, Hq, Hkv, D, C):
+    """Bytes of split-KV workspace ``attention`` needs for these sizes on ``device`` (-1: CPU)."""
+    nbytes = _ffi.ffi.new("int64_t *")
+    _ffi.call("attention_workspace_size", int(device), B, Sq, Hq, Hkv, D, C, nbytes)
+    return nbytes[0]
+
+
+def _seq_lens(seq_lens, qa, B, Sq, C, causal):
+    """seq_lens as an int32 Array on q's device: host values checked, then uploaded for a GPU op."""
+    if seq_lens is None:
+        return None
+    if isinstance(seq_lens, (list, tuple, np.ndarray)):
+        host = np.asarray(seq_lens)
+        if host.shape != (B,) or not np.issubdtype(host.dtype, np.integer):
+            raise InvalidArgumentError(f"seq_lens: expected {B} integers, got {host.dtype} "
+                                       f"{list(host.shape)}")
+        low = Sq if causal else 1
+        bad = np.flatnonzero((host < low) | (host > C))
+        if bad.size:
+            raise InvalidArgumentError(f"seq_lens[{bad[0]}] = {host[bad[0]]} is outside "
+                                       f"[{low}, C = {C}]")
+        return upload_int32(host, qa, "seq_lens")
+    lens = _arrays.as_array(seq_lens, "seq_lens")
+    if lens.device != qa.device:
+        raise InvalidArgumentError(f"seq_lens is on {_arrays.device_name(lens.device)}, but q is "
+                                   f"on {_arrays.device_name(qa.device)}")
+    return _arrays.check(lens, "seq_lens", "int32", (B,))
+
+
+def upload_int32(host, reference, name):
+    """An int32 copy of checked host values on the reference's device (explicit, synchronous)."""
+    host = np.ascontiguousarray(host, dtype=np.int32)
+    if reference.device == CPU:
+        return _arrays.as_array(host, name)
+    if reference.kind == "torch":
+        import torch
+        uploaded = torch.from_numpy(host).to(reference.obj.device)
+        torch.cuda.current_stream(reference.device).synchronize()  # complete before any stream reads it
+        return _arrays.as_array(uploaded, name)
+    if reference.kind == "cupy":
+        import cupy
+        with cupy.cuda.Device(reference.device):
+            uploaded = cupy.asarray(host)
+            cupy.cuda.get_current_stream().synchronize()
+        return _arrays.as_array(uploaded, name)
+    return _arrays.as_array(_arrays.DeviceArray.from_numpy(host, reference.device), name)

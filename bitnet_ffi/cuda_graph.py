@@ -1,0 +1,87 @@
+"""CUDA streams, events and graphs through libbitnet, for callers without PyTorch or CuPy (the demo
+captures its decode step with these)."""
+import weakref
+
+from . import _ffi
+
+
+def _handle(kind, device):
+    out = _ffi.ffi.new("void **")
+    _ffi.call(f"{kind}_create", device, out)
+    return out[0]
+
+
+class Stream:
+    """A non-blocking CUDA stream on `device`. ``int(stream)`` is its cudaStream_t, accepted by every
+    op's ``stream=``."""
+
+    def __init__(self, device=0):
+        self.device = int(device)
+        self.handle = _handle("stream", self.device)
+        weakref.finalize(self, _ffi.lib().bitnet_stream_destroy, self.device, self.handle)
+
+    def __int__(self):
+        return int(_ffi.ffi.cast("uintptr_t", self.handle))
+
+    def synchronize(self):
+        _ffi.call("stream_synchronize", self.handle)
+
+
+class Event:
+    def __init__(self, device=0):
+        self.device = int(device)
+        self.handle = _handle("event", self.device)
+        weakref.finalize(self, _ffi.lib().bitnet_event_destroy, self.device, self.handle)
+
+    def record(self, stream):
+        _ffi.call("event_record", self.handle, stream.handle)
+
+    def elapsed_ms(self, end):
+        """Milliseconds from this event to `end` (waits for `end`)."""
+        ms = _ffi.ffi.new("float *")
+        _ffi.call("event_elapsed_ms", self.handle, end.handle, ms)
+        return ms[0]
+
+
+class Graph:
+    """Work captured from a stream once and replayed with ``launch()``::
+
+        with Graph.capture(stream) as graph:
+            step(stream)           # ops called with stream=stream
+        graph.launch()
+    """
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.handle = None
+
+    @classmethod
+    def capture(cls, stream):
+        return cls(stream)
+
+    def __enter__(self):
+        _ffi.call("graph_capture_begin", self.stream.handle)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        out = _ffi.ffi.new("void **")
+        status = _ffi.lib().bitnet_graph_capture_end(self.stream.handle, out)
+        if exc_type is None:
+            _ffi.check(status)
+            self.handle = out[0]
+            weakref.finalize(self, _ffi.lib().bitnet_graph_destroy, self.handle)
+        return False
+
+    def launch(self):
+        _ffi.call("graph_launch", self.handle, self.stream.handle)
+
+    def time_ms(self, replays=10):
+        """Median milliseconds of one replay, over `replays` replays timed with events."""
+        start, end = Event(self.stream.device), Event(self.stream.device)
+        times = []
+        for _ in range(replays):
+            start.record(self.stream)
+            self.launch()
+            end.record(self.stream)
+            times.append(start.elapsed_ms(end))
+        return sorted(times)[len(times) // 2]

@@ -1,0 +1,106 @@
+"""The glue of a BitNet layer around attention and the MLP: RoPE fused with the KV-cache append, and
+the squared-ReLU gate."""
+import math
+
+import numpy as np
+
+from . import _arrays, _ffi
+from ._arrays import DTYPE_CODES, FLOAT_DTYPES
+from .attention import upload_int32
+from .errors import InvalidArgumentError
+
+BITNET_ROPE_THETA = 500000.0
+
+
+def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, stream=None):
+    """RoPE (rotate-half, Llama/HF convention) on q in place and on k, appending to the KV cache.
+
+    Token s of sequence b sits at position ``p = positions[b] + s``. In every head, each pair
+    ``(x[i], x[i + D/2])``, ``i < D/2``, turns by the angle ``p * theta ** (-2 i / D)``::
+
+        x'[i] = x[i] cos - x[i + D/2] sin,    x'[i + D/2] = x[i + D/2] cos + x[i] sin
+
+    then ``k_cache[b, p] = rotated k[b, s]`` and ``v_cache[b, p] = v[b, s]``. Angles, cos and sin
+    are computed in float64 (both backends), the rotation in float32.
+
+    Parameters
+    ----------
+    q : array [B, S, Hq, D], rotated in place
+    k, v : arrays [B, S, Hkv, D]
+    k_cache, v_cache : arrays [B, C, Hkv, D], rows positions[b] .. positions[b] + S - 1 written
+    positions : sequence of int, or int32 array [B] on q's device
+        Host values are checked (0 <= positions[b] <= C - S) and uploaded explicitly for a GPU op
+        (a synchronous copy; pass a device array to stay asynchronous). For a device array the
+        host cannot check: a GPU sequence out of range is skipped (its q and cache rows untouched).
+    theta : float
+        RoPE base (BitNet b1.58 uses 500000).
+
+    Returns
+    -------
+    q
+    """
+    arrays, device, handle = _arrays.prepare(
+        {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream)
+    qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
+    B, S, Hq, D = qa.shape
+    ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, S, None, D))
+    Hkv = ka.shape[2]
+    _arrays.check(arrays["v"], "v", qa.dtype, (B, S, Hkv, D))
+    kc = _arrays.check(arrays["k_cache"], "k_cache", qa.dtype, (B, None, Hkv, D))
+    C = kc.shape[1]
+    _arrays.check(arrays["v_cache"], "v_cache", qa.dtype, (B, C, Hkv, D))
+    if not (math.isfinite(theta) and theta > 1):
+        raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
+    if isinstance(positions, (list, tuple, np.ndarray)):
+        host = np.asarray(positions)
+        if host.shape != (B,) or not np.issubdtype(host.dtype, np.integer):
+            raise InvalidArgumentError(f"positions: expected {B} integers, got {host.dtype} "
+                                       f"{list(host.shape)}")
+        bad = np.flatnonzero((host < 0) | (host > C - S))
+        if bad.size:
+            raise InvalidArgumentError(f"positions[{bad[0]}] = {host[bad[0]]}: {S} new tokens do "
+                                       f"not fit a cache of C = {C}")
+        pos = upload_int32(host, qa, "positions")
+    else:
+        pos = _arrays.as_array(positions, "positions")
+        if pos.device != device:
+            raise InvalidArgumentError(f"positions is on {_arrays.device_name(pos.device)}, but "
+                                       f"q is on {_arrays.device_name(device)}")
+        _arrays.check(pos, "positions", "int32", (B,))
+    _ffi.call("rope_append_kv", device, DTYPE_CODES[qa.dtype], B, S, Hq, Hkv, D, qa.cptr(),
+              ka.cptr(), arrays["v"].cptr(), kc.cptr(), arrays["v_cache"].cptr(), C,
+              pos.cptr("int32_t *"), float(theta), _ffi.ffi.cast("void *", handle))
+    return q
+
+
+def relu2_gate(gate_up, out=None, stream=None):
+    """Squared-ReLU gate of the fused gate|up projection, in float32:
+    ``out[..., f] = max(gate_up[..., f], 0) ** 2 * gate_up[..., F + f]``.
+
+    Parameters
+    ----------
+    gate_up : array [..., 2F]
+        float16 or bfloat16 (float32 too on the CPU): the gate in the first F columns, up in the
+        last F.
+    out : array [..., F], optional
+
+    Returns
+    -------
+    out
+    """
+    arrays, device, handle = _arrays.prepare({"gate_up": gate_up, "out": out}, stream)
+    ga = arrays["gate_up"]
+    if len(ga.shape) == 0 or ga.shape[-1] % 2:
+        raise InvalidArgumentError(f"gate_up: expected shape [..., 2F], got {list(ga.shape)}")
+    _arrays.check(ga, "gate_up", FLOAT_DTYPES, (None,) * len(ga.shape))
+    F = ga.shape[-1] // 2
+    shape = ga.shape[:-1] + (F,)
+    T = int(np.prod(ga.shape[:-1], dtype=np.int64))
+    if out is None:
+        out = _arrays.new_like(ga, shape, ga.dtype)
+        outa = _arrays.as_array(out, "out")
+    else:
+        outa = _arrays.check(arrays["out"], "out", ga.dtype, shape)
+    _ffi.call("relu2_gate", device, DTYPE_CODES[ga.dtype], T, F, ga.cptr(), outa.cptr(),
+              _ffi.ffi.cast("void *", handle))
+    return out

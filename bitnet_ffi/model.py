@@ -1,0 +1,297 @@
+"""A BitNet b1.58 model run entirely through libbitnet's ops: the main job (`python -m bitnet_ffi
+demo`).
+
+The shapes are BitNet b1.58 2B4T's: hidden 2560, intermediate 6912, 30 layers, 20 query and 5 KV
+heads of dimension 128, vocabulary 128256, RMSNorm eps 1e-5, RoPE theta 500000, a squared-ReLU
+gated FFN, sub-norms before the output and down projections, no biases, the embedding tied to the
+output head. Weights are seeded random floats quantized by ``quantize_i2s`` (one scale per part of
+the fused QKV and gate|up projections). Activations and the residual stream are bfloat16; each
+ternary layer's input is quantized to int8 per token by the norm before it.
+
+On a GPU every buffer is a ``DeviceArray`` and the decode step is captured once as a CUDA graph and
+replayed: no host round trip, allocation or synchronization per token.
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _arrays, _ffi
+from .attention import attention, attention_workspace_size
+from .cuda_graph import Graph, Stream
+from .head import add_int32, argmax, embedding, gemv_bf16
+from .layer import relu2_gate, rope_append_kv
+from .norm import add_rmsnorm, rmsnorm_quantize
+from .ternary import TernaryWeights, gemv_w2a8, quantize_i2s
+
+BF16 = "bfloat16"
+
+
+@dataclass(frozen=True)
+class Config:
+    hidden: int = 2560
+    intermediate: int = 6912
+    layers: int = 30
+    heads: int = 20
+    kv_heads: int = 5
+    head_dim: int = 128
+    vocab: int = 128256
+    eps: float = 1e-5
+    theta: float = 500000.0
+
+    @property
+    def kv_dim(self):
+        return self.kv_heads * self.head_dim
+
+    def ternary_bytes(self):
+        """Packed weights and scales of every ternary layer: what one decode step must read."""
+        H, I = self.hidden, self.intermediate
+        rows_by_k = {H: H + 2 * self.kv_dim + H + 2 * I, I: H}
+        return self.layers * sum(rows * (k // 4 + 4) for k, rows in rows_by_k.items())
+
+
+BITNET_2B4T = Config()
+# Small enough for a numpy reference and a CPU test, with every kernel's constraints still met.
+TINY = Config(hidden=256, intermediate=384, layers=2, heads=4, kv_heads=2, head_dim=64, vocab=1000)
+
+
+@dataclass
+class Layer:
+    qkv: object          # TernaryWeights [H + 2 kv_dim, H], scales per part (Q, K, V)
+    o: object            # [H, H]
+    gate_up: object      # [2 I, H], scales per part (gate, up)
+    down: object         # [H, I]
+    attn_norm: object    # bfloat16 [H] each, the down sub-norm [I]
+    attn_sub_norm: object
+    ffn_norm: object
+    ffn_sub_norm: object
+
+
+@dataclass
+class Weights:
+    config: Config
+    layers: list
+    final_norm: object
+    embedding: object    # bfloat16 [V, H], tied to the output head
+
+
+def random_weights(config, device, seed=0, progress=None):
+    """Seeded random weights, the ternary ones quantized by quantize_i2s on `device`."""
+    rng = np.random.default_rng(seed)
+    H, I = config.hidden, config.intermediate
+    bf16 = _arrays.numpy_dtype(BF16)
+
+    def put(host):
+        return host if device == _arrays.CPU else _arrays.DeviceArray.from_numpy(host, device)
+
+    def ternary(rows, cols, segments=None):
+        dense = put(rng.standard_normal((rows, cols), dtype=np.float32))
+        return quantize_i2s(dense, row_segments=segments)
+
+    def norm(width):
+        return put((1.0 + 0.1 * rng.standard_normal(width)).astype(bf16))
+
+    layers = []
+    for index in range(config.layers):
+        layers.append(Layer(
+            qkv=ternary(H + 2 * config.kv_dim, H, [H, config.kv_dim, config.kv_dim]),
+            o=ternary(H, H), gate_up=ternary(2 * I, H, [I, I]), down=ternary(H, I),
+            attn_norm=norm(H), attn_sub_norm=norm(H), ffn_norm=norm(H), ffn_sub_norm=norm(I)))
+        if progress:
+            progress(index + 1, config.layers)
+    table = put((0.5 * rng.standard_normal((config.vocab, H), dtype=np.float32)).astype(bf16))
+    return Weights(config, layers, norm(H), table)
+
+
+class Session:
+    """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
+
+    ``prefill(prompt)`` runs a [batch, P] prompt and returns the first greedy tokens; ``decode()``
+    then produces one token per sequence per call. ``only`` (a set of op kinds) makes a step issue
+    just those ops, for the per-op time breakdown."""
+
+    KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
+             "relu2 gate", "output head", "argmax", "bookkeeping")
+
+    def __init__(self, weights, batch, capacity, device):
+        self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
+        self.device = device
+        self.stream = Stream(device) if device != _arrays.CPU else None
+        self.only = None
+        self.times = None  # on the CPU: seconds per op kind of the last step, when not None
+        c = self.config
+        cache = (batch, capacity, c.kv_heads, c.head_dim)
+        self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
+        self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
+        self.positions = self.alloc((batch,), "int32")
+        self.seq_lens = self.alloc((batch,), "int32")
+        self.decode_buffers = self.buffers(1)
+        self.graph = None
+
+    def alloc(self, shape, dtype):
+        if self.device == _arrays.CPU:
+            return np.empty(shape, dtype=_arrays.numpy_dtype(dtype))
+        return _arrays.DeviceArray(shape, dtype, self.device)
+
+    def upload(self, host, target):
+        """Copies host values into an existing buffer (outside any timed or captured region)."""
+        host = np.ascontiguousarray(host, dtype=target.dtype if isinstance(target, np.ndarray)
+                                    else _arrays.numpy_dtype(target.dtype))
+        if self.device == _arrays.CPU:
+            target[...] = host.reshape(target.shape)
+            return
+        self.synchronize()  # the buffer may still be in use on the session's stream
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", target.ptr),
+                  _ffi.ffi.cast("void *", host.ctypes.data), host.nbytes,
+                  _ffi.lib().BITNET_COPY_HOST_TO_DEVICE, _ffi.ffi.NULL)
+
+    def download(self, array):
+        return array if self.device == _arrays.CPU else array.numpy()
+
+    def synchronize(self):
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def buffers(self, steps):
+        """The activations of `steps` tokens per sequence (1 for decode, P for a prompt)."""
+        c, N = self.config, self.batch * steps
+        H, I = c.hidden, c.intermediate
+        b = {"ids": self.alloc((N,), "int32"), "h": self.alloc((N, H), BF16),
+             "x_q": self.alloc((N, I), "int8"), "x_s": self.alloc((N,), "float32"),
+             "q": self.alloc((self.batch, steps, c.heads, c.head_dim), BF16),
+             "k": self.alloc((self.batch, steps, c.kv_heads, c.head_dim), BF16),
+             "v": self.alloc((self.batch, steps, c.kv_heads, c.head_dim), BF16),
+             "attn": self.alloc((self.batch, steps, c.heads, c.head_dim), BF16),
+             "proj": self.alloc((N, H), BF16), "gate_up": self.alloc((N, 2 * I), BF16),
+             "gated": self.alloc((N, I), BF16), "y": self.alloc((N, H), BF16),
+             "last": self.alloc((self.batch, H), BF16),
+             "logits": self.alloc((self.batch, c.vocab), "float32")}
+        # decode writes the next ids over the ones it has read; a prompt has more ids than that
+        b["next"] = b["ids"] if steps == 1 else self.alloc((self.batch,), "int32")
+        if N == 1:  # one token: q, k and v are views of the fused QKV projection's output
+            b["qkv"] = self.alloc((1, H + 2 * c.kv_dim), BF16)
+            flat = b["qkv"].reshape(-1)
+            b["q"] = flat[:H].reshape(b["q"].shape)
+            b["k"] = flat[H:H + c.kv_dim].reshape(b["k"].shape)
+            b["v"] = flat[H + c.kv_dim:].reshape(b["v"].shape)
+        ws = attention_workspace_size(self.device, self.batch, steps, c.heads, c.kv_heads,
+                                      c.head_dim, self.capacity)
+        b["workspace"] = self.alloc((ws,), "uint8") if ws else None
+        if steps > 1:  # rows of each sequence's last token, to gather for the output head
+            b["last_rows"] = self.alloc((self.batch,), "int32")
+            self.upload(np.arange(1, self.batch + 1, dtype=np.int32) * steps - 1, b["last_rows"])
+        return b
+
+    def op(self, kind, fn, *args, **kwargs):
+        """Runs one op on the session's stream, unless `only` leaves its kind out."""
+        if self.only is not None and kind not in self.only:
+            return None
+        if self.times is None:
+            return fn(*args, stream=self.stream, **kwargs)
+        start = time.perf_counter()
+        result = fn(*args, stream=self.stream, **kwargs)
+        self.times[kind] = self.times.get(kind, 0.0) + time.perf_counter() - start
+        return result
+
+    def norm_quantize(self, x, weight, b, residual=None):
+        """int8 rows of rmsnorm(x), or of rmsnorm(residual += x), for the next ternary layer."""
+        rows, width = x.shape[0], weight.shape[0]
+        x_q, x_s = _flat(b["x_q"], rows, width), b["x_s"][:rows]
+        self.op("rmsnorm (+int8)", rmsnorm_quantize, x, weight, eps=self.config.eps,
+                residual=residual, out=(x_q, x_s))
+        return x_q, x_s
+
+    def project(self, weights, x_q, x_s, out):
+        self.op("gemv_w2a8", gemv_w2a8, weights, x_q, x_s, out_dtype=BF16, out=out)
+
+    def forward(self, b, steps):
+        """One pass of every layer over `steps` tokens per sequence whose ids are in b["ids"];
+        writes the greedy next token of each sequence to b["next"]."""
+        c, w = self.config, self.w
+        N = self.batch * steps
+        self.op("embedding", embedding, w.embedding, b["ids"], out=b["h"])
+        residual = None
+        for index, layer in enumerate(w.layers):
+            # attention block: h += o_proj(sub_norm(attention(rope(qkv(norm(h))))))
+            if residual is None:
+                x_q, x_s = self.norm_quantize(b["h"], layer.attn_norm, b)
+            else:
+                x_q, x_s = self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual)
+            self.qkv(layer.qkv, x_q, x_s, b, steps)
+            self.op("rope + kv append", rope_append_kv, b["q"], b["k"], b["v"],
+                    self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta)
+            self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
+                    causal=True, seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"])
+            a_q, a_s = self.norm_quantize(_flat(b["attn"], N, c.hidden), layer.attn_sub_norm, b)
+            self.project(layer.o, a_q, a_s, b["proj"])
+            # FFN block: h += down(sub_norm(relu2(gate) * up)), its input norm fused with the add
+            f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
+            self.project(layer.gate_up, f_q, f_s, b["gate_up"])
+            self.op("relu2 gate", relu2_gate, b["gate_up"], out=b["gated"])
+            g_q, g_s = self.norm_quantize(b["gated"], layer.ffn_sub_norm, b)
+            self.project(layer.down, g_q, g_s, b["proj"])
+            residual = b["h"]
+        self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
+                out=b["y"])
+        last = b["y"]
+        if steps > 1:  # only each sequence's last token goes through the output head
+            self.op("output head", embedding, b["y"], b["last_rows"], out=b["last"])
+            last = b["last"]
+        self.op("output head", gemv_bf16, w.embedding, last, out=b["logits"])
+        self.op("argmax", argmax, b["logits"], out=b["next"])
+        # the new tokens now sit in the cache: the next step starts after them and sees one more
+        self.op("bookkeeping", add_int32, self.positions, steps)
+        self.op("bookkeeping", add_int32, self.seq_lens, 1)
+
+    def qkv(self, weights, x_q, x_s, b, steps):
+        """q, k, v of the new tokens: one fused GEMV for a single token, whose output rows split
+        into q, k and v in place; three GEMVs over the weights' row ranges otherwise."""
+        c = self.config
+        parts = (c.hidden, c.kv_dim, c.kv_dim)
+        if "qkv" in b:
+            self.project(weights, x_q, x_s, b["qkv"])
+            return
+        start = 0
+        for name, rows in zip("qkv", parts):
+            out = _flat(b[name], self.batch * steps, rows)
+            part = TernaryWeights(weights.packed[start:start + rows],
+                                  weights.scales[start:start + rows])
+            self.project(part, x_q, x_s, out)
+            start += rows
+
+    def prefill(self, prompt):
+        """Runs a [batch, P] int prompt; returns the first greedy token of each sequence."""
+        prompt = np.asarray(prompt, dtype=np.int32)
+        steps = prompt.shape[1]
+        b = self.buffers(steps)
+        self.upload(prompt.reshape(-1), b["ids"])
+        self.upload(np.zeros(self.batch, dtype=np.int32), self.positions)
+        self.upload(np.full(self.batch, steps, dtype=np.int32), self.seq_lens)
+        self.forward(b, steps)
+        self.synchronize()
+        self.prefill_logits = b["logits"]
+        first = self.download(b["next"]).copy()
+        self.upload(first, self.decode_buffers["ids"])
+        return first
+
+    def capture(self):
+        """The decode step as a CUDA graph (GPU only)."""
+        with Graph.capture(self.stream) as graph:
+            self.forward(self.decode_buffers, 1)
+        return graph
+
+    def decode(self):
+        """One decode step (a graph replay on the GPU); returns the tokens it produced."""
+        if self.stream is None:
+            self.forward(self.decode_buffers, 1)
+        else:
+            if self.graph is None:
+                self.graph = self.capture()
+            self.graph.launch()
+            self.stream.synchronize()
+        return self.download(self.decode_buffers["ids"]).copy()
+
+
+def _flat(array, rows, width):
+    """The [rows, width] view of a buffer's first rows * width elements (numpy or DeviceArray)."""
+    return array.reshape(-1)[:rows * width].reshape(rows, width)

@@ -1,0 +1,119 @@
+"""RMSNorm and its fused variants: the residual add before it and the int8 quantization after it
+(docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call."""
+import numpy as np
+
+from . import _arrays, _ffi
+from ._arrays import DTYPE_CODES, FLOAT_DTYPES
+from .errors import InvalidArgumentError
+
+
+def rmsnorm(x, weight, eps=1e-5, out=None, stream=None):
+    """RMSNorm over the last dimension, accumulated in float32::
+
+        y = x / sqrt(mean(x ** 2, axis=-1) + eps) * weight
+
+    Parameters
+    ----------
+    x : array [..., H], float32, float16 or bfloat16
+    weight : array [H], the dtype of x
+    eps : float, finite and >= 0
+    out : array [..., H] of x's dtype, optional (may be x itself: in place)
+    stream : CUDA stream, optional (default: the current stream of x's framework)
+
+    Returns
+    -------
+    y : array [..., H], out if given
+    """
+    return _rmsnorm(x, weight, eps, None, out, False, None, stream)[0]
+
+
+def add_rmsnorm(x, residual, weight, eps=1e-5, out=None, stream=None):
+    """The residual add fused with the RMSNorm of its result::
+
+        residual += x            (in place, rounded to the dtype as stored)
+        y = rmsnorm(residual, weight, eps)
+
+    y equals rmsnorm() of the stored residual.
+
+    Parameters
+    ----------
+    x : array [..., H], float32, float16 or bfloat16
+    residual : array of x's shape and dtype, updated in place
+    weight : array [H], the dtype of x
+    eps : float, finite and >= 0
+    out : array [..., H] of x's dtype, optional
+    stream : CUDA stream, optional
+
+    Returns
+    -------
+    y : array [..., H], out if given
+    """
+    return _rmsnorm(x, weight, eps, residual, out, False, None, stream)[0]
+
+
+def rmsnorm_quantize(x, weight, eps=1e-5, residual=None, out=None, y_out=None, stream=None):
+    """RMSNorm fused with per-token int8 quantization (the quantize_a8 rule), reading x once::
+
+        y = rmsnorm(x, weight, eps)                      (float32, not rounded to x's dtype)
+        scales = 127 / max(max(|y|, axis=-1), 1e-5)      (float32)
+        y_q = clip(rint(y * scales[..., None]), -128, 127)
+
+    With ``residual``, first ``residual += x`` in place and the stored residual is normalized.
+
+    Parameters
+    ----------
+    x : array [..., H], float32, float16 or bfloat16
+    weight : array [H], the dtype of x
+    eps : float, finite and >= 0
+    residual : array of x's shape and dtype, optional, updated in place
+    out : (y_q, scales) with y_q int8 [..., H] and scales float32 [...], optional
+    y_out : array [..., H] of x's dtype, optional: also write y there (rounded to x's dtype)
+    stream : CUDA stream, optional
+
+    Returns
+    -------
+    (y_q, scales)
+    """
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
+        raise InvalidArgumentError("out: expected a pair (y_q, scales)")
+    y_q, scales = out if out is not None else (None, None)
+    _, y_q, scales = _rmsnorm(x, weight, eps, residual, y_out, True, (y_q, scales), stream)
+    return y_q, scales
+
+
+def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream):
+    """The one C call: returns (y, y_q, scales), None for what was not asked for."""
+    y_q, scales = quantized if quantize else (None, None)
+    arrays, device, handle = _arrays.prepare(
+        {"x": x, "weight": weight, "residual": residual, "out": y, "y_q": y_q, "scales": scales},
+        stream)
+    xa = arrays["x"]
+    if len(xa.shape) == 0:
+        raise InvalidArgumentError("x: expected an array [..., H], got a scalar")
+    _arrays.check(xa, "x", FLOAT_DTYPES, xa.shape)
+    H, T = xa.shape[-1], int(np.prod(xa.shape[:-1], dtype=np.int64))
+    _arrays.check(arrays["weight"], "weight", xa.dtype, (H,))
+    if residual is not None:
+        _arrays.check(arrays["residual"], "residual", xa.dtype, xa.shape)
+    if y is not None:
+        _arrays.check(arrays["out"], "y_out" if quantize else "out", xa.dtype, xa.shape)
+    elif not quantize:
+        y = _arrays.new_like(xa, xa.shape, xa.dtype)
+        arrays["out"] = _arrays.as_array(y, "out")
+    if quantize:
+        if y_q is None:
+            y_q = _arrays.new_like(xa, xa.shape, "int8")
+            arrays["y_q"] = _arrays.as_array(y_q, "y_q")
+        if scales is None:
+            scales = _arrays.new_like(xa, xa.shape[:-1], "float32")
+            arrays["scales"] = _arrays.as_array(scales, "scales")
+        _arrays.check(arrays["y_q"], "y_q", "int8", xa.shape)
+        _arrays.check(arrays["scales"], "scales", "float32", xa.shape[:-1])
+
+    def pointer(name, ctype="void *"):
+        return _ffi.ffi.NULL if arrays[name] is None else arrays[name].cptr(ctype)
+
+    _ffi.call("rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), pointer("residual"),
+              arrays["weight"].cptr(), float(eps), pointer("out"), pointer("y_q", "int8_t *"),
+              pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
+    return y, y_q, scales

@@ -1,0 +1,247 @@
+"""Ternary (1.58-bit) weights and the W2A8 GEMV: quantize_i2s, pack_ternary, quantize_a8 and
+gemv_w2a8. The packed layout and the exact rounding rules are in docs/weight_format.md."""
+import numpy as np
+
+from . import _arrays, _ffi
+from ._arrays import CPU, DTYPE_CODES, FLOAT_DTYPES, DeviceArray
+from .errors import InvalidArgumentError
+
+OUT_DTYPES = ("float32", "float16", "bfloat16", "int32")
+
+
+def _void(handle):
+    return _ffi.ffi.cast("void *", handle)
+
+
+class TernaryWeights:
+    """Packed ternary weights of shape (M, K): ``packed`` is uint8 [M, K/4] (2 bits per weight,
+    docs/weight_format.md) and ``scales`` float32 [M], both on ``device`` (-1 for the CPU), of the
+    same array kind (numpy, torch, cupy or DeviceArray). The weight matrix they stand for is
+    ``unpack() * scales[:, None]``."""
+
+    def __init__(self, packed, scales):
+        arrays, device, _ = _arrays.prepare({"packed": packed, "scales": scales})
+        pa = _arrays.check(arrays["packed"], "packed", "uint8", (None, None))
+        M = pa.shape[0]
+        _arrays.check(arrays["scales"], "scales", "float32", (M,))
+        self.packed, self.scales = packed, scales
+        self.shape, self.device = (M, pa.shape[1] * 4), device
+
+    def __repr__(self):
+        return f"TernaryWeights(shape={self.shape}, device={_arrays.device_name(self.device)})"
+
+    def unpack(self, stream=None):
+        """The ternary values, int8 [M, K] in {-1, 0, 1}, as the same kind of array as ``packed``."""
+        arrays, device, handle = _arrays.prepare({"packed": self.packed}, stream)
+        pa = arrays["packed"]
+        M, K = self.shape
+        out = _arrays.new_like(pa, (M, K), "int8")
+        _ffi.call("unpack_ternary", device, pa.cptr("uint8_t *"), M, K,
+                  _arrays.as_array(out, "out").cptr("int8_t *"), _void(handle))
+        return out
+
+    def to(self, device):
+        """A copy on `device` ("cpu", "cuda", "cuda:N" or an int; see bitnet_ffi.device.resolve),
+        or self if the weights are there already. The copy is explicit and synchronous."""
+        from .device import resolve
+        target = resolve(device)
+        if target == self.device:
+            return self
+        return TernaryWeights(_copy(self.packed, target), _copy(self.scales, target))
+
+
+def _host(obj):
+    """A numpy copy of a GPU array of any supported kind."""
+    kind = _arrays.as_array(obj, "array").kind
+    if kind == "numpy":
+        return obj
+    if kind == "torch":
+        return obj.detach().cpu().numpy()
+    if kind == "cupy":
+        return obj.get()
+    if kind == "bitnet":
+        return obj.numpy()
+    import cupy  # another __cuda_array_interface__ exporter
+    return cupy.asarray(obj).get()
+
+
+def _copy(obj, target):
+    """obj copied to `target` (-1 for the CPU): torch tensors stay torch tensors, other GPU
+    arrays become numpy or DeviceArray."""
+    if _arrays.as_array(obj, "array").kind == "torch":
+        return obj.to("cpu" if target == CPU else f"cuda:{target}")
+    host = np.ascontiguousarray(_host(obj))
+    return host if target == CPU else DeviceArray.from_numpy(host, target)
+
+
+def _scales_like(reference, scales, M):
+    """Per-row float32 scales on the reference array's device from a scalar, a sequence or an
+    array; an array already on that device is used as is (after checks)."""
+    if np.isscalar(scales) or isinstance(scales, (list, tuple)):
+        host = np.ascontiguousarray(np.broadcast_to(np.asarray(scales, dtype=np.float32), (M,)))
+        if reference.device == CPU:
+            return host
+        if reference.kind == "torch":
+            import torch
+            return torch.from_numpy(host).to(reference.obj.device)
+        return DeviceArray.from_numpy(host, reference.device)
+    sa = _arrays.as_array(scales, "scales")
+    if sa.device != reference.device:
+        raise InvalidArgumentError(f"arrays are on different devices: w_q on "
+                                   f"{_arrays.device_name(reference.device)}, scales on "
+                                   f"{_arrays.device_name(sa.device)}")
+    _arrays.check(sa, "scales", "float32", (M,))
+    return scales
+
+
+def quantize_i2s(w, row_segments=None, stream=None):
+    """Ternary quantization of a weight matrix, BitNet b1.58 style (absmean).
+
+    ``scale = mean(|W|)`` over the tensor or over each row segment (float64 sum, float32 result,
+    floored at 1e-5); ``W_q = clamp(rint(w / scale), -1, 1)`` in float32 arithmetic.
+
+    Parameters
+    ----------
+    w : float32, float16 or bfloat16 array [M, K], K a multiple of 128
+    row_segments : optional sequence of row counts summing to M (e.g. the Q, K, V blocks of a
+        fused projection), each quantized with its own scale
+    stream : optional CUDA stream (default: the framework's current stream)
+
+    Returns
+    -------
+    TernaryWeights on w's device (packed uint8 [M, K/4], scales float32 [M])
+    """
+    arrays, device, handle = _arrays.prepare({"w": w}, stream)
+    wa = _arrays.check(arrays["w"], "w", FLOAT_DTYPES, (None, None))
+    M, K = wa.shape
+    segments = _ffi.ffi.NULL
+    n_segments = 0
+    if row_segments is not None:
+        counts = [int(c) for c in row_segments]
+        if not counts or min(counts) < 1 or sum(counts) != M:
+            raise InvalidArgumentError(f"row_segments {counts} must be positive row counts "
+                                       f"summing to M = {M}")
+        segments, n_segments = _ffi.ffi.new("int64_t[]", counts), len(counts)
+    packed = _arrays.new_like(wa, (M, K // 4), "uint8")
+    scales = _arrays.new_like(wa, (M,), "float32")
+    _ffi.call("quantize_i2s", device, wa.cptr(), DTYPE_CODES[wa.dtype], M, K, segments, n_segments,
+              _arrays.as_array(packed, "packed").cptr("uint8_t *"),
+              _arrays.as_array(scales, "scales").cptr("float *"), _void(handle))
+    return TernaryWeights(packed, scales)
+
+
+def pack_ternary(w_q, scales, stream=None):
+    """Packs ternary values that are already quantized.
+
+    Parameters
+    ----------
+    w_q : int8 array [M, K] with values in {-1, 0, 1}, K a multiple of 128 (any other value
+        raises InvalidArgumentError; on a GPU the check waits for the stream)
+    scales : a scalar, or float32 [M] per-row scales on w_q's device
+
+    Returns
+    -------
+    TernaryWeights on w_q's device
+    """
+    arrays, device, handle = _arrays.prepare({"w_q": w_q}, stream)
+    qa = _arrays.check(arrays["w_q"], "w_q", "int8", (None, None))
+    M, K = qa.shape
+    scales = _scales_like(qa, scales, M)
+    packed = _arrays.new_like(qa, (M, K // 4), "uint8")
+    _ffi.call("pack_ternary", device, qa.cptr("int8_t *"), M, K,
+              _arrays.as_array(packed, "packed").cptr("uint8_t *"), _void(handle))
+    return TernaryWeights(packed, scales)
+
+
+def _tokens(shape, name):
+    """(N, K, leading shape) for an array of shape [K] or [N, K]."""
+    if len(shape) == 1:
+        return 1, shape[0], ()
+    if len(shape) == 2:
+        return shape[0], shape[1], (shape[0],)
+    raise InvalidArgumentError(f"{name}: expected shape [K] or [N, K], got {list(shape)}")
+
+
+def quantize_a8(x, stream=None):
+    """Per-token absmax int8 quantization of activations.
+
+    ``s = 127 / max(max|x[n]|, 1e-5)``, ``x_q = clamp(rint(x * s), -128, 127)``, in float32.
+
+    Parameters
+    ----------
+    x : float32, float16 or bfloat16 array [K] or [N, K], K a multiple of 128
+
+    Returns
+    -------
+    (x_q, s) : int8 array of x's shape and float32 scales [N] ([1] for 1-D x), on x's device
+    """
+    arrays, device, handle = _arrays.prepare({"x": x}, stream)
+    xa = arrays["x"]
+    N, K, lead = _tokens(xa.shape, "x")
+    _arrays.check(xa, "x", FLOAT_DTYPES, (*lead, K))
+    x_q = _arrays.new_like(xa, (*lead, K), "int8")
+    s = _arrays.new_like(xa, (N,), "float32")
+    _ffi.call("quantize_a8", device, xa.cptr(), DTYPE_CODES[xa.dtype], N, K,
+              _arrays.as_array(x_q, "x_q").cptr("int8_t *"),
+              _arrays.as_array(s, "s").cptr("float *"), _void(handle))
+    return x_q, s
+
+
+def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
+    """Ternary-weight, int8-activation GEMV: ``y[n, m] = dot(x_q[n], W_q[m]) * scales[m] / s[n]``.
+
+    The dot is exact in int32; the scaling is float32, then rounded to out_dtype. "int32" gives
+    the raw dot.
+
+    Parameters
+    ----------
+    w : TernaryWeights of shape (M, K)
+    x_q : int8 array [K] or [N, K] on w's device (from quantize_a8)
+    s : float32 activation scales [N] ([1] or [] for 1-D x_q)
+    out_dtype : "float32", "float16", "bfloat16" or "int32"
+    out : optional array [N, M] ([M] for 1-D x_q) of out_dtype on w's device
+
+    Returns
+    -------
+    y : array [N, M] ([M] for 1-D x_q)
+    """
+    if not isinstance(w, TernaryWeights):
+        raise InvalidArgumentError(f"w: expected TernaryWeights (from quantize_i2s or "
+                                   f"pack_ternary), got {type(w).__name__}")
+    if out_dtype not in OUT_DTYPES:
+        raise InvalidArgumentError(f"out_dtype must be one of {', '.join(OUT_DTYPES)}, "
+                                   f"got {out_dtype!r}")
+    arrays, device, handle = _arrays.prepare(
+        {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "out": out}, stream)
+    M, K = w.shape
+    xa = arrays["x_q"]
+    N, _, lead = _tokens(xa.shape, "x_q")
+    _arrays.check(xa, "x_q", "int8", (*lead, K))
+    sa = arrays["s"]
+    _arrays.check(sa, "s", "float32", sa.shape if not lead and sa.size == 1 else (N,))
+    if out is None:
+        out = _arrays.new_like(xa, (*lead, M), out_dtype)
+        arrays["out"] = _arrays.as_array(out, "out")
+    ya = _arrays.check(arrays["out"], "out", out_dtype, (*lead, M))
+    _ffi.call("gemv_w2a8", device, arrays["w.packed"].cptr("uint8_t *"),
+              arrays["w.scales"].cptr("float *"), M, K, xa.cptr("int8_t *"), sa.cptr("float *"),
+              N, ya.cptr(), DTYPE_CODES[out_dtype], _void(handle))
+    return out
+
+
+def cpu_isa():
+    """The CPU SIMD path the ternary ops use: "portable", "avx2" or "avx512-vnni"."""
+    isa = _ffi.ffi.new("int32_t *")
+    _ffi.call("cpu_get_isa", isa)
+    return CPU_ISAS[isa[0]]
+
+
+def set_cpu_isa(name):
+    """Forces a CPU SIMD path ("auto", "portable", "avx2", "avx512-vnni"); a path this CPU cannot
+    run raises UnsupportedError."""
+    if name not in CPU_ISAS:
+        raise InvalidArgumentError(f"CPU path must be one of {', '.join(CPU_ISAS)}, got {name!r}")
+    _ffi.call("cpu_set_isa", CPU_ISAS.index(name))
+
+
+CPU_ISAS = ["auto", "portable", "avx2", "avx512-vnni"]

@@ -1,0 +1,200 @@
+/* CPU W2A8 GEMV: y[n, m] = (dot(codes[m], x_q[n]) - sum(x_q[n])) * w_scales[m] / x_scales[n],
+ * codes = W_q + 1 in 0..2 (docs/weight_format.md). OpenMP over rows; per row, the 2-bit codes of
+ * 64 weights (16 packed bytes) are expanded once and applied to every token.
+ * SIMD: the 16 packed bytes broadcast to four 128-bit lanes, lane i shifted right by 2i and masked
+ * with 0x03 gives byte 4*(4i+g)+b = code of weight 16g+4i+b, so x is permuted once per call into
+ * that order (a 4x4 transpose of its 32-bit words in each block of 64) and one vpdpbusd (AVX-512
+ * VNNI) or vpmaddubsw + vpmaddwd (AVX2) per 64 weights and token does the dot. */
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum { BLOCK = 64, TOKEN_GROUP = 4 };
+
+static int32_t chosen_isa = BN_ISA_AUTO;
+
+int bn_cpu_isa_supported(int32_t isa) {
+    switch (isa) {
+    case BN_ISA_AUTO: case BN_ISA_PORTABLE: return 1;
+    case BN_ISA_AVX2: return __builtin_cpu_supports("avx2");
+    case BN_ISA_AVX512_VNNI:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vnni");
+    default: return 0;
+    }
+}
+
+void bn_cpu_set_isa(int32_t isa) { __atomic_store_n(&chosen_isa, isa, __ATOMIC_RELAXED); }
+
+int32_t bn_cpu_isa(void) {
+    int32_t isa = __atomic_load_n(&chosen_isa, __ATOMIC_RELAXED);
+    if (isa != BN_ISA_AUTO) return isa;
+    if (bn_cpu_isa_supported(BN_ISA_AVX512_VNNI)) return BN_ISA_AVX512_VNNI;
+    if (bn_cpu_isa_supported(BN_ISA_AVX2)) return BN_ISA_AVX2;
+    return BN_ISA_PORTABLE;
+}
+
+static uint32_t load_u32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* x_perm word 4i+g of each 64-byte block = x word 4g+i (the order of the SIMD code vectors). */
+static void permute_x(const int8_t *x, int64_t count, int8_t *x_perm) {
+    for (int64_t block = 0; block < count; block += BLOCK)
+        for (int i = 0; i < 4; i++)
+            for (int g = 0; g < 4; g++)
+                memcpy(x_perm + block + 4 * (4 * i + g), x + block + 4 * (4 * g + i), 4);
+}
+
+/* dots[t] = sum_k code[k] * x_perm[t][k] for `tokens` tokens (x_perm rows are K apart). */
+static void dots_portable(const uint8_t *w_row, const int8_t *x_perm, int64_t K, int tokens,
+                          int32_t *dots) {
+    for (int t = 0; t < tokens; t++) {
+        const int8_t *x = x_perm + t * K;
+        int32_t acc = 0;
+        for (int64_t block = 0; block < K; block += BLOCK) {
+            const uint8_t *packed = w_row + block / 4;
+            for (int d = 0; d < 16; d++) {
+                uint32_t codes = (load_u32(packed + 4 * (d % 4)) >> (2 * (d / 4))) & 0x03030303u;
+                for (int b = 0; b < 4; b++)
+                    acc += (int32_t)((codes >> (8 * b)) & 0xff) * x[block + 4 * d + b];
+            }
+        }
+        dots[t] = acc;
+    }
+}
+
+/* Two accumulators per token (even and odd blocks; K / 64 is even) halve the dependency chains. */
+__attribute__((target("avx2"))) static inline void dots_avx2_group(
+    const uint8_t *w_row, const int8_t *x_perm, int64_t K, const int tokens, int32_t *dots) {
+    const __m256i shift_lo = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+    const __m256i shift_hi = _mm256_setr_epi32(4, 4, 4, 4, 6, 6, 6, 6);
+    const __m256i mask = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    __m256i acc[2][TOKEN_GROUP];
+    for (int t = 0; t < tokens; t++) acc[0][t] = acc[1][t] = _mm256_setzero_si256();
+    for (int64_t block = 0; block < K; block += 2 * BLOCK) {
+        for (int half = 0; half < 2; half++) {
+            int64_t k = block + half * BLOCK;
+            __m256i packed = _mm256_broadcastsi128_si256(
+                _mm_loadu_si128((const __m128i *)(w_row + k / 4)));
+            __m256i codes_lo = _mm256_and_si256(_mm256_srlv_epi32(packed, shift_lo), mask);
+            __m256i codes_hi = _mm256_and_si256(_mm256_srlv_epi32(packed, shift_hi), mask);
+            for (int t = 0; t < tokens; t++) {
+                const int8_t *x = x_perm + t * K + k;
+                __m256i sum16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(codes_lo, _mm256_loadu_si256((const __m256i *)x)),
+                    _mm256_maddubs_epi16(codes_hi, _mm256_loadu_si256((const __m256i *)(x + 32))));
+                acc[half][t] = _mm256_add_epi32(acc[half][t], _mm256_madd_epi16(sum16, ones));
+            }
+        }
+    }
+    for (int t = 0; t < tokens; t++) {
+        __m256i both = _mm256_add_epi32(acc[0][t], acc[1][t]);
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        dots[t] = _mm_cvtsi128_si32(s);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline void dots_vnni_group(
+    const uint8_t *w_row, const int8_t *x_perm, int64_t K, const int tokens, int32_t *dots) {
+    const __m512i shifts = _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6);
+    const __m512i mask = _mm512_set1_epi8(3);
+    __m512i acc[2][TOKEN_GROUP];
+    for (int t = 0; t < tokens; t++) acc[0][t] = acc[1][t] = _mm512_setzero_si512();
+    for (int64_t block = 0; block < K; block += 2 * BLOCK) {
+        for (int half = 0; half < 2; half++) {
+            int64_t k = block + half * BLOCK;
+            __m512i packed = _mm512_broadcast_i32x4(
+                _mm_loadu_si128((const __m128i *)(w_row + k / 4)));
+            __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(packed, shifts), mask);
+            for (int t = 0; t < tokens; t++)
+                acc[half][t] = _mm512_dpbusd_epi32(
+                    acc[half][t], codes, _mm512_loadu_si512((const void *)(x_perm + t * K + k)));
+        }
+    }
+    for (int t = 0; t < tokens; t++)
+        dots[t] = _mm512_reduce_add_epi32(_mm512_add_epi32(acc[0][t], acc[1][t]));
+}
+
+/* Dispatches on a constant token count so that each group size gets its own unrolled loop. */
+#define BN_GROUP_SWITCH(fn, w_row, x, K, tokens, dots)                          \
+    switch (tokens) {                                                           \
+    case 1: fn(w_row, x, K, 1, dots); break;                                    \
+    case 2: fn(w_row, x, K, 2, dots); break;                                    \
+    case 3: fn(w_row, x, K, 3, dots); break;                                    \
+    default: fn(w_row, x, K, 4, dots); break;                                   \
+    }
+
+__attribute__((target("avx2"))) static void dots_avx2(const uint8_t *w_row, const int8_t *x_perm,
+                                                       int64_t K, int tokens, int32_t *dots) {
+    BN_GROUP_SWITCH(dots_avx2_group, w_row, x_perm, K, tokens, dots)
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void dots_vnni(
+    const uint8_t *w_row, const int8_t *x_perm, int64_t K, int tokens, int32_t *dots) {
+    BN_GROUP_SWITCH(dots_vnni_group, w_row, x_perm, K, tokens, dots)
+}
+
+typedef void (*dots_fn)(const uint8_t *, const int8_t *, int64_t, int, int32_t *);
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16); /* round half to even */
+}
+
+static void store(void *y, int32_t y_dtype, int64_t index, int32_t dot, float w_scale,
+                  float x_scale) {
+    float value = (float)dot * w_scale / x_scale;
+    switch (y_dtype) {
+    case BITNET_DTYPE_I32: ((int32_t *)y)[index] = dot; break;
+    case BITNET_DTYPE_F32: ((float *)y)[index] = value; break;
+    case BITNET_DTYPE_F16: ((_Float16 *)y)[index] = (_Float16)value; break;
+    default: ((uint16_t *)y)[index] = float_to_bf16(value); break;
+    }
+}
+
+bitnet_status bn_cpu_gemv_w2a8(const uint8_t *w_packed, const float *w_scales, int64_t M,
+                               int64_t K, const int8_t *x_q, const float *x_scales, int64_t N,
+                               void *y, int32_t y_dtype) {
+    int8_t *x_perm = malloc((size_t)(N * K));
+    int32_t *x_sums = malloc((size_t)N * sizeof *x_sums);
+    if (!x_perm || !x_sums) {
+        free(x_perm);
+        free(x_sums);
+        return bn_fail(BITNET_ERR_OUT_OF_MEMORY, "bitnet_gemv_w2a8: no host memory for %lld bytes "
+                       "of permuted activations", (long long)(N * K));
+    }
+    int32_t isa = bn_cpu_isa();
+    dots_fn dots = isa == BN_ISA_AVX512_VNNI ? dots_vnni
+                   : isa == BN_ISA_AVX2      ? dots_avx2
+                                             : dots_portable;
+    for (int64_t n = 0; n < N; n++) {
+        permute_x(x_q + n * K, K, x_perm + n * K);
+        int32_t sum = 0;
+        for (int64_t k = 0; k < K; k++) sum += x_q[n * K + k];
+        x_sums[n] = sum;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        const uint8_t *w_row = w_packed + m * (K / 4);
+        for (int64_t n0 = 0; n0 < N; n0 += TOKEN_GROUP) {
+            int tokens = N - n0 < TOKEN_GROUP ? (int)(N - n0) : TOKEN_GROUP;
+            int32_t group_dots[TOKEN_GROUP];
+            dots(w_row, x_perm + n0 * K, K, tokens, group_dots);
+            for (int t = 0; t < tokens; t++)
+                store(y, y_dtype, (n0 + t) * M + m, group_dots[t] - x_sums[n0 + t], w_scales[m],
+                      x_scales[n0 + t]);
+        }
+    }
+    free(x_perm);
+    free(x_sums);
+    return BITNET_OK;
+}

@@ -1,0 +1,103 @@
+/* CPU ternary weight quantization (quantize_i2s), int8 activation quantization (quantize_a8) and
+ * the packing of ternary values (docs/weight_format.md). OpenMP over rows. The float32 arithmetic
+ * (division, multiplication, rintf = round half to even) matches the CUDA backend bit for bit. */
+#include <math.h>
+#include <string.h>
+
+#include "internal.h"
+
+static float load_float(const void *data, int32_t dtype, int64_t index) {
+    if (dtype == BITNET_DTYPE_F32) return ((const float *)data)[index];
+    if (dtype == BITNET_DTYPE_F16) return (float)((const _Float16 *)data)[index];
+    uint32_t bits = (uint32_t)((const uint16_t *)data)[index] << 16; /* bfloat16 */
+    float value;
+    memcpy(&value, &bits, 4);
+    return value;
+}
+
+/* Weight 16g+4i+b of a row goes to byte 4g+b, bits 2i..2i+1, as code = value + 1. */
+static void pack_word(const int8_t values[16], uint8_t *bytes) {
+    for (int b = 0; b < 4; b++) {
+        uint8_t byte = 0;
+        for (int i = 0; i < 4; i++) byte |= (uint8_t)((values[4 * i + b] + 1) << (2 * i));
+        bytes[b] = byte;
+    }
+}
+
+static int8_t quantize_weight(float w, float scale) {
+    float q = rintf(w / scale);
+    return (int8_t)(q > 1.0f ? 1 : q < -1.0f ? -1 : q);
+}
+
+bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int64_t K,
+                                  const int64_t *row_segments, int64_t n_segments,
+                                  uint8_t *w_packed, float *w_scales) {
+    /* Row sums of |w| in float64, kept in w_packed (M * 8 <= M * K / 4 bytes) until the codes
+     * overwrite them, so that segment sums are added in one fixed order. */
+    double *row_sums = (double *)(void *)w_packed;
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        double sum = 0.0;
+        for (int64_t k = 0; k < K; k++) sum += fabs((double)load_float(w, w_dtype, m * K + k));
+        row_sums[m] = sum;
+    }
+    int64_t row = 0;
+    for (int64_t s = 0; s < n_segments; s++) {
+        int64_t rows = row_segments ? row_segments[s] : M;
+        double sum = 0.0;
+        for (int64_t m = row; m < row + rows; m++) sum += row_sums[m];
+        double mean = sum / ((double)rows * (double)K);
+        float scale = (float)(mean > 1e-5 ? mean : 1e-5);
+        for (int64_t m = row; m < row + rows; m++) w_scales[m] = scale;
+        row += rows;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t k0 = 0; k0 < K; k0 += 16) {
+            int8_t values[16];
+            for (int j = 0; j < 16; j++)
+                values[j] = quantize_weight(load_float(w, w_dtype, m * K + k0 + j), w_scales[m]);
+            pack_word(values, w_packed + (m * K + k0) / 4);
+        }
+    }
+    return BITNET_OK;
+}
+
+bitnet_status bn_cpu_pack_ternary(const int8_t *w_q, int64_t M, int64_t K, uint8_t *w_packed) {
+    int64_t count = M * K, bad = -1;
+#pragma omp parallel for schedule(static) reduction(max : bad)
+    for (int64_t i = 0; i < count; i++)
+        if (w_q[i] < -1 || w_q[i] > 1) bad = i > bad ? i : bad;
+    if (bad >= 0)
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_pack_ternary: w_q[%lld, %lld] = %d is "
+                       "not -1, 0 or 1", (long long)(bad / K), (long long)(bad % K), w_q[bad]);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; i += 16) pack_word(w_q + i, w_packed + i / 4);
+    return BITNET_OK;
+}
+
+bitnet_status bn_cpu_unpack_ternary(const uint8_t *w_packed, int64_t M, int64_t K, int8_t *w_q) {
+    int64_t count = M * K;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; i += 16)
+        for (int i2 = 0; i2 < 4; i2++)
+            for (int b = 0; b < 4; b++)
+                w_q[i + 4 * i2 + b] = (int8_t)(((w_packed[i / 4 + b] >> (2 * i2)) & 3) - 1);
+    return BITNET_OK;
+}
+
+bitnet_status bn_cpu_quantize_a8(const void *x, int32_t x_dtype, int64_t N, int64_t K, int8_t *x_q,
+                                 float *x_scales) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float max_abs = 0.0f;
+        for (int64_t k = 0; k < K; k++) max_abs = fmaxf(max_abs, fabsf(load_float(x, x_dtype, n * K + k)));
+        float scale = 127.0f / fmaxf(max_abs, 1e-5f);
+        for (int64_t k = 0; k < K; k++) {
+            float q = rintf(load_float(x, x_dtype, n * K + k) * scale);
+            x_q[n * K + k] = (int8_t)(q > 127.0f ? 127 : q < -128.0f ? -128 : q);
+        }
+        x_scales[n] = scale;
+    }
+    return BITNET_OK;
+}

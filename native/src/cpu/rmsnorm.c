@@ -1,0 +1,165 @@
+/* CPU backend of bitnet_rmsnorm. Rows run in parallel (OpenMP); each row is read in chunks that
+ * are converted to float32 and worked on in LANES partial sums the compiler vectorizes. Passes over
+ * a row: (1) residual add and store, sum of squares and max |v*w|; (1b) only where the float32
+ * mean square is not a normal float: the sum again in float64; (2) y and/or the int8 codes. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "../internal.h"
+
+enum { CHUNK = 256, LANES = 16 };
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static float bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
+
+static uint16_t f32_to_bf16(float f) {
+    uint32_t u = bits_of(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
+}
+
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0x1f) return float_of(sign | 0x7f800000u | mantissa << 13);
+    if (exponent == 0) return float_of(sign | bits_of((float)mantissa * 0x1p-24f));
+    return float_of(sign | (exponent + 112) << 23 | mantissa << 13);
+}
+
+static uint16_t f32_to_f16(float f) {
+    uint32_t u = bits_of(f), sign = (u >> 16) & 0x8000u, h;
+    u &= 0x7fffffffu;
+    if (u >= 0x47800000u) { /* |f| >= 65536: infinity, or NaN */
+        h = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (u < 0x38800000u) {
+        /* |f| < 2^-14, subnormal or zero: adding 0.5 leaves |f| in units of 2^-24 (the subnormal
+         * step) in the low mantissa bits, rounded to nearest even by the addition itself. */
+        h = bits_of(float_of(u) + 0.5f) - 0x3f000000u;
+    } else {
+        /* Rebias the exponent from 127 to 15 and round the 13 dropped bits to nearest even; a
+         * carry into the exponent is the correct rounding, up to infinity above 65520. */
+        h = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+    }
+    return (uint16_t)(sign | h);
+}
+
+/* dst[0..n) = src[offset..offset+n) as float32. */
+static void load_floats(int32_t dtype, const void *src, int64_t offset, int n, float *dst) {
+    if (dtype == BITNET_DTYPE_F32) {
+        memcpy(dst, (const float *)src + offset, (size_t)n * sizeof(float));
+    } else if (dtype == BITNET_DTYPE_BF16) {
+        const uint16_t *s = (const uint16_t *)src + offset;
+        for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src + offset;
+        for (int i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+    }
+}
+
+/* dst[offset..offset+n) = src[0..n) rounded to nearest even in dtype. */
+static void store_floats(int32_t dtype, const float *src, int n, void *dst, int64_t offset) {
+    if (dtype == BITNET_DTYPE_F32) {
+        memcpy((float *)dst + offset, src, (size_t)n * sizeof(float));
+    } else if (dtype == BITNET_DTYPE_BF16) {
+        uint16_t *d = (uint16_t *)dst + offset;
+        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+    } else {
+        uint16_t *d = (uint16_t *)dst + offset;
+        for (int i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+    }
+}
+
+typedef struct {
+    int32_t dtype;
+    int64_t H;
+    const void *x;
+    void *residual;
+    const void *weight;
+    float eps;
+    void *y;
+    int8_t *y_q;
+    float *y_scales;
+} norm_args;
+
+/* Loads chunk [c, c+n) of row `base` of v (x, or the residual after pass 1) and of the weight,
+ * zero-padded to a multiple of LANES. */
+static int load_chunk(const norm_args *a, const void *v_src, int64_t base, int64_t c, float *v,
+                      float *w) {
+    int n = (int)(a->H - c < CHUNK ? a->H - c : CHUNK), padded = (n + LANES - 1) / LANES * LANES;
+    load_floats(a->dtype, v_src, base + c, n, v);
+    load_floats(a->dtype, a->weight, c, n, w);
+    for (int i = n; i < padded; i++) v[i] = w[i] = 0.0f;
+    return n;
+}
+
+static void norm_row(const norm_args *a, int64_t row) {
+    const int64_t H = a->H, base = row * H;
+    const void *v_src = a->residual ? a->residual : a->x; /* the values normalized */
+    float v[CHUNK], w[CHUNK], lane_sum[LANES] = {0}, lane_max[LANES] = {0};
+
+    for (int64_t c = 0; c < H; c += CHUNK) {
+        if (a->residual) {
+            int n = (int)(H - c < CHUNK ? H - c : CHUNK);
+            load_floats(a->dtype, a->x, base + c, n, v);
+            load_floats(a->dtype, a->residual, base + c, n, w);
+            for (int i = 0; i < n; i++) w[i] += v[i];
+            store_floats(a->dtype, w, n, a->residual, base + c);
+        }
+        int n = load_chunk(a, v_src, base, c, v, w);
+        for (int i = 0; i < n; i += LANES)
+            for (int l = 0; l < LANES; l++) {
+                float p = fabsf(v[i + l] * w[i + l]);
+                lane_sum[l] += v[i + l] * v[i + l];
+                lane_max[l] = p > lane_max[l] ? p : lane_max[l];
+            }
+    }
+    float sum = 0.0f, max_vw = 0.0f;
+    for (int l = 0; l < LANES; l++) {
+        sum += lane_sum[l];
+        max_vw = lane_max[l] > max_vw ? lane_max[l] : max_vw;
+    }
+
+    const float mean_square = sum / (float)H + a->eps;
+    float r;
+    if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
+        r = 1.0f / sqrtf(mean_square);
+    } else {
+        double sum64 = 0.0;
+        for (int64_t c = 0; c < H; c += CHUNK) {
+            int n = load_chunk(a, v_src, base, c, v, w);
+            for (int i = 0; i < n; i++) sum64 += (double)v[i] * v[i];
+        }
+        r = (float)(1.0 / sqrt(sum64 / (double)H + a->eps));
+    }
+    const float scale = 127.0f / fmaxf(max_vw * r, 1e-5f);
+
+    for (int64_t c = 0; c < H; c += CHUNK) {
+        int n = load_chunk(a, v_src, base, c, v, w);
+        for (int i = 0; i < n; i++) v[i] = v[i] * w[i] * r;
+        if (a->y) store_floats(a->dtype, v, n, a->y, base + c);
+        if (a->y_q)
+            for (int i = 0; i < n; i++)
+                a->y_q[base + c + i] = (int8_t)rintf(fminf(fmaxf(v[i] * scale, -128.0f), 127.0f));
+    }
+    if (a->y_q) a->y_scales[row] = scale;
+}
+
+bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x, void *residual,
+                             const void *weight, float eps, void *y, int8_t *y_q,
+                             float *y_scales) {
+    const norm_args args = {dtype, H, x, residual, weight, eps, y, y_q, y_scales};
+#pragma omp parallel for schedule(static) if (T * H >= 65536)
+    for (int64_t t = 0; t < T; t++) norm_row(&args, t);
+    return BITNET_OK;
+}

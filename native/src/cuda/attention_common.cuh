@@ -1,0 +1,154 @@
+/* Device helpers shared by the attention kernels (attention_decode.cu, attention_prefill.cu). */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "common.cuh"
+
+/* The prefill (tensor-core) path, launched by bn_cuda_attention for longer query blocks. */
+bitnet_status bn_cuda_attention_prefill(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                                        int64_t Hkv, int64_t D, const void *q, const void *k,
+                                        const void *v, int64_t C, const int32_t *seq_lens,
+                                        int32_t causal, float scale, void *out,
+                                        cudaStream_t stream);
+
+/* A device-resident length the host could not check: [Sq, C] when causal, [1, C] otherwise. */
+__device__ __forceinline__ bool valid_seq_len(int L, int C, int Sq, int causal) {
+    return L <= C && L >= (causal ? Sq : 1);
+}
+
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
+
+__device__ __forceinline__ float2 to_float2(uint32_t pair, __nv_bfloat16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
+}
+__device__ __forceinline__ float2 to_float2(uint32_t pair, __half) {
+    return __half22float2(*reinterpret_cast<const __half2 *>(&pair));
+}
+/* Two floats as one packed pair of T (the low half is `lo`). */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+    __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&pair);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+    __half2 pair = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&pair);
+}
+
+/* The 8 elements of a 16-byte chunk as floats. */
+template <typename T> __device__ __forceinline__ void unpack8(uint4 chunk, float *f) {
+    const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 pair = to_float2(words[i], T());
+        f[2 * i] = pair.x;
+        f[2 * i + 1] = pair.y;
+    }
+}
+
+/* Elements [lane * N, lane * N + N) of a row as floats (N = 2 or 4). */
+template <typename T, int N> __device__ __forceinline__ void unpack_dims(const void *row, int lane, float *f) {
+    const uint32_t *words = static_cast<const uint32_t *>(row) + lane * (N / 2);
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        float2 pair = to_float2(words[i], T());
+        f[2 * i] = pair.x;
+        f[2 * i + 1] = pair.y;
+    }
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+/* The attention kernels need sm_80 (cp.async, bf16 mma.sync). bn_cuda_attention refuses older GPUs
+ * before launching; for them these helpers only trap, which keeps multi-architecture builds going. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define BN_SM80_ASM(...) __trap()
+#else
+#define BN_SM80_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+/* 16-byte asynchronous global -> shared copy; when `inside` is false the destination gets zeros and
+ * nothing is read. */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *global, bool inside) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(global), "r"(inside ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Programmatic dependent launch (sm_90+; no-ops before): a grid launched with programmatic stream
+ * serialization may start once every block of the previous grid allowed it, and waits for that
+ * grid's results in wait_for_prerequisite_grid. */
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+/* Tensor-core building blocks (mma.sync m16n8k16, ldmatrix) of the decode and prefill kernels. */
+
+/* Chunk c of row r lives at c ^ (r % 8): the 8 rows an ldmatrix reads hit 8 different bank groups. */
+__device__ __forceinline__ int swizzle(int row, int chunk) { return chunk ^ (row % 8); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *smem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *smem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+/* c += a (16x16, row) * b (16x8, col), f32 accumulate. */
+template <typename T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+    BN_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+    BN_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}

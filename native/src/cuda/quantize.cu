@@ -1,0 +1,272 @@
+/* CUDA ternary weight quantization (quantize_i2s), packing, and int8 activation quantization.
+ * quantize_i2s: (1) one block per row sums |w| in float64 into w_packed used as scratch, (2) one
+ * block per segment adds its row sums in a fixed order and writes the scales, (3) one thread per
+ * 32-bit packed word (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Reads W twice.
+ * quantize_a8: one block per row, max |x| then x * 127 / max (the second read hits L2).
+ * Layout: docs/weight_format.md. Float32 arithmetic is IEEE (__fdiv_rn, __fmul_rn, rintf), so
+ * the results equal the CPU backend's bit for bit (scales up to float64 summation order). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kThreads = 256;
+
+/* 16 consecutive elements starting at a multiple of 16 (16-byte aligned rows). */
+__device__ __forceinline__ void load16(const void *data, int32_t dtype, int64_t index, float *out) {
+    if (dtype == BITNET_DTYPE_F32) {
+        const float4 *p = reinterpret_cast<const float4 *>(static_cast<const float *>(data) + index);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 v = p[i];
+            out[4 * i] = v.x; out[4 * i + 1] = v.y; out[4 * i + 2] = v.z; out[4 * i + 3] = v.w;
+        }
+        return;
+    }
+    const uint4 *p = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(data) + index);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        uint4 v = p[i];
+        uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            uint16_t bits = static_cast<uint16_t>(words[j / 2] >> (16 * (j % 2)));
+            out[8 * i + j] = dtype == BITNET_DTYPE_F16
+                                 ? __half2float(__ushort_as_half(bits))
+                                 : __uint_as_float(static_cast<uint32_t>(bits) << 16);
+        }
+    }
+}
+
+template <typename T, typename Op>
+__device__ T block_reduce(T value, Op op, T *shared /* [kThreads / 32] */) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) value = op(value, __shfl_xor_sync(~0u, value, offset));
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads(); /* `shared` may still be read by a previous call */
+    if (lane == 0) shared[warp] = value;
+    __syncthreads();
+    value = shared[0];
+    for (int w = 1; w < kThreads / 32; w++) value = op(value, shared[w]);
+    return value;
+}
+
+struct Add {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+__global__ __launch_bounds__(kThreads) void row_abs_sums(const void *w, int32_t dtype, int64_t K,
+                                                         double *row_sums) {
+    __shared__ double partial[kThreads / 32];
+    int64_t row = blockIdx.x;
+    double sum = 0.0;
+    for (int64_t k = 16 * threadIdx.x; k < K; k += 16 * kThreads) {
+        float v[16];
+        load16(w, dtype, row * K + k, v);
+#pragma unroll
+        for (int j = 0; j < 16; j++) sum += fabs(static_cast<double>(v[j]));
+    }
+    sum = block_reduce(sum, Add(), partial);
+    if (threadIdx.x == 0) row_sums[row] = sum;
+}
+
+__global__ __launch_bounds__(kThreads) void segment_scale(const double *row_sums, int64_t first_row,
+                                                          int64_t rows, int64_t K, float *w_scales) {
+    __shared__ double partial[kThreads / 32];
+    double sum = 0.0;
+    for (int64_t m = threadIdx.x; m < rows; m += kThreads) sum += row_sums[first_row + m];
+    sum = block_reduce(sum, Add(), partial);
+    double mean = sum / (static_cast<double>(rows) * static_cast<double>(K));
+    float scale = static_cast<float>(mean > 1e-5 ? mean : 1e-5);
+    for (int64_t m = threadIdx.x; m < rows; m += kThreads) w_scales[first_row + m] = scale;
+}
+
+/* Weight 16g+4i+b of a row goes to byte 4g+b, bits 2i..2i+1, as code = value + 1. */
+__device__ __forceinline__ uint32_t pack_codes(const int *codes /* [16], 0..2 */) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) word |= static_cast<uint32_t>(codes[4 * i + b]) << (8 * b + 2 * i);
+    return word;
+}
+
+__global__ __launch_bounds__(kThreads) void pack_scaled(const void *w, int32_t dtype, int64_t K,
+                                                        int64_t words, const float *w_scales,
+                                                        uint32_t *w_packed) {
+    for (int64_t word = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; word < words;
+         word += static_cast<int64_t>(gridDim.x) * kThreads) {
+        float v[16];
+        load16(w, dtype, 16 * word, v);
+        float scale = w_scales[16 * word / K];
+        int codes[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) codes[j] = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(v[j], scale)), -1.0f), 1.0f)) + 1;
+        w_packed[word] = pack_codes(codes);
+    }
+}
+
+__global__ __launch_bounds__(kThreads) void find_non_ternary(const int8_t *w_q, int64_t count,
+                                                             int *found) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(w_q);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < count / 16;
+         i += static_cast<int64_t>(gridDim.x) * kThreads) {
+        uint4 v = p[i];
+        uint32_t words[4] = {v.x, v.y, v.z, v.w};
+        bool bad = false;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t plus_one = __vadd4(words[j], 0x01010101u); /* -1, 0, 1 -> 0, 1, 2 */
+            bad |= __vcmpgtu4(plus_one, 0x02020202u) != 0;
+        }
+        if (bad) *found = 1;
+    }
+}
+
+__global__ __launch_bounds__(kThreads) void pack_values(const int8_t *w_q, int64_t words,
+                                                        uint32_t *w_packed) {
+    const uint4 *p = reinterpret_cast<const uint4 *>(w_q);
+    for (int64_t word = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; word < words;
+         word += static_cast<int64_t>(gridDim.x) * kThreads) {
+        uint4 v = p[word];
+        uint32_t in[4] = {v.x, v.y, v.z, v.w};
+        int codes[16];
+#pragma unroll
+        for (int j = 0; j < 16; j++) codes[j] = static_cast<int8_t>(in[j / 4] >> (8 * (j % 4))) + 1;
+        w_packed[word] = pack_codes(codes);
+    }
+}
+
+__global__ __launch_bounds__(kThreads) void unpack_values(const uint32_t *w_packed, int64_t words,
+                                                          int8_t *w_q) {
+    for (int64_t word = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; word < words;
+         word += static_cast<int64_t>(gridDim.x) * kThreads) {
+        uint32_t packed = w_packed[word];
+        uint32_t out[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) out[i] = __vsub4((packed >> (2 * i)) & 0x03030303u, 0x01010101u);
+        reinterpret_cast<uint4 *>(w_q)[word] = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+}
+
+__global__ __launch_bounds__(kThreads) void quantize_rows_a8(const void *x, int32_t dtype, int64_t K,
+                                                             int8_t *x_q, float *x_scales) {
+    __shared__ float partial[kThreads / 32];
+    int64_t row = blockIdx.x;
+    float max_abs = 0.0f;
+    for (int64_t k = 16 * threadIdx.x; k < K; k += 16 * kThreads) {
+        float v[16];
+        load16(x, dtype, row * K + k, v);
+#pragma unroll
+        for (int j = 0; j < 16; j++) max_abs = fmaxf(max_abs, fabsf(v[j]));
+    }
+    max_abs = block_reduce(max_abs, Max(), partial);
+    float scale = __fdiv_rn(127.0f, fmaxf(max_abs, 1e-5f));
+    for (int64_t k = 16 * threadIdx.x; k < K; k += 16 * kThreads) {
+        float v[16];
+        load16(x, dtype, row * K + k, v);
+        uint32_t out[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            int q = static_cast<int>(fminf(fmaxf(rintf(__fmul_rn(v[j], scale)), -128.0f), 127.0f));
+            out[j / 4] |= (static_cast<uint32_t>(q) & 0xffu) << (8 * (j % 4));
+        }
+        *reinterpret_cast<uint4 *>(x_q + row * K + k) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+    if (threadIdx.x == 0) x_scales[row] = scale;
+}
+
+unsigned grid_for(int64_t items) {
+    int64_t blocks = (items + kThreads - 1) / kThreads;
+    return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+}
+
+}  // namespace
+
+bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M,
+                                   int64_t K, const int64_t *row_segments, int64_t n_segments,
+                                   uint8_t *w_packed, float *w_scales, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    if (M > INT32_MAX)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_quantize_i2s: M = %lld rows is over the "
+                       "CUDA grid limit", (long long)M);
+    cudaStream_t s = bn_stream(stream);
+    double *row_sums = reinterpret_cast<double *>(w_packed); /* M * 8 <= M * K / 4 bytes */
+    row_abs_sums<<<static_cast<unsigned>(M), kThreads, 0, s>>>(w, w_dtype, K, row_sums);
+    BN_CUDA_CHECK_LAUNCH("row_abs_sums");
+    int64_t first_row = 0;
+    for (int64_t i = 0; i < n_segments; i++) {
+        int64_t rows = row_segments ? row_segments[i] : M;
+        segment_scale<<<1, kThreads, 0, s>>>(row_sums, first_row, rows, K, w_scales);
+        BN_CUDA_CHECK_LAUNCH("segment_scale");
+        first_row += rows;
+    }
+    int64_t words = M * K / 16;
+    pack_scaled<<<grid_for(words), kThreads, 0, s>>>(w, w_dtype, K, words, w_scales,
+                                                     reinterpret_cast<uint32_t *>(w_packed));
+    BN_CUDA_CHECK_LAUNCH("pack_scaled");
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, int64_t K,
+                                   uint8_t *w_packed, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    cudaStream_t s = bn_stream(stream);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    BN_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
+    if (capture != cudaStreamCaptureStatusNone)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_pack_ternary: checks its input on the host "
+                       "(it waits for the stream), so it cannot be captured in a CUDA graph");
+    int64_t count = M * K;
+    int *found = nullptr;
+    BN_CUDA_TRY(cudaMallocAsync(&found, sizeof *found, s));
+    int host_found = 0;
+    cudaError_t err = cudaMemsetAsync(found, 0, sizeof *found, s);
+    if (err == cudaSuccess) {
+        find_non_ternary<<<grid_for(count / 16), kThreads, 0, s>>>(w_q, count, found);
+        err = cudaGetLastError();
+    }
+    if (err == cudaSuccess) err = cudaMemcpyAsync(&host_found, found, sizeof *found, cudaMemcpyDeviceToHost, s);
+    cudaError_t free_err = cudaFreeAsync(found, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err == cudaSuccess) err = free_err;
+    BN_CUDA_TRY(err);
+    if (host_found)
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_pack_ternary: w_q holds a value that "
+                       "is not -1, 0 or 1");
+    pack_values<<<grid_for(count / 16), kThreads, 0, s>>>(w_q, count / 16,
+                                                          reinterpret_cast<uint32_t *>(w_packed));
+    BN_CUDA_CHECK_LAUNCH("pack_values");
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_unpack_ternary(int32_t device, const uint8_t *w_packed, int64_t M, int64_t K,
+                                     int8_t *w_q, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    int64_t words = M * K / 16;
+    unpack_values<<<grid_for(words), kThreads, 0, bn_stream(stream)>>>(
+        reinterpret_cast<const uint32_t *>(w_packed), words, w_q);
+    BN_CUDA_CHECK_LAUNCH("unpack_values");
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_quantize_a8(int32_t device, const void *x, int32_t x_dtype, int64_t N,
+                                  int64_t K, int8_t *x_q, float *x_scales, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    if (N > INT32_MAX)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_quantize_a8: N = %lld rows is over the CUDA "
+                       "grid limit", (long long)N);
+    quantize_rows_a8<<<static_cast<unsigned>(N), kThreads, 0, bn_stream(stream)>>>(x, x_dtype, K,
+                                                                                  x_q, x_scales);
+    BN_CUDA_CHECK_LAUNCH("quantize_rows_a8");
+    return BITNET_OK;
+}

@@ -1,0 +1,43 @@
+/* Public entry points of the W2A8 GEMV and of the CPU path selection. The work is in
+ * cpu/gemv_w2a8.c and cuda/gemv_w2a8.cu. */
+#include "internal.h"
+
+bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
+                               int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
+                               int64_t N, void *y, int32_t y_dtype, void *stream) {
+    const char *op = "bitnet_gemv_w2a8";
+    BN_TRY(bn_check_device(device));
+    BN_CHECK(bn_dtype_size(y_dtype) != 0, "%s: y_dtype = %d is not a bitnet_dtype", op, y_dtype);
+    if (y_dtype != BITNET_DTYPE_I32) BN_TRY(bn_check_float_dtype(op, "y_dtype", y_dtype));
+    BN_TRY(bn_check_ternary_shape(op, M, K));
+    BN_CHECK(N >= 1, "%s: N must be at least 1, got %lld", op, (long long)N);
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8: x_q", N, K));
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N, M));
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N * M, bn_dtype_size(y_dtype)));
+    BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_gemv_w2a8: w_packed"));
+    BN_TRY(bn_check_pointer(device, w_scales, 4, "bitnet_gemv_w2a8: w_scales"));
+    BN_TRY(bn_check_pointer(device, x_q, 16, "bitnet_gemv_w2a8: x_q"));
+    BN_TRY(bn_check_pointer(device, x_scales, 4, "bitnet_gemv_w2a8: x_scales"));
+    BN_TRY(bn_check_pointer(device, y, bn_dtype_size(y_dtype), "bitnet_gemv_w2a8: y"));
+    return device == BITNET_DEVICE_CPU
+               ? bn_cpu_gemv_w2a8(w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype)
+               : BN_CUDA(bn_cuda_gemv_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y,
+                                           y_dtype, stream));
+}
+
+bitnet_status bitnet_cpu_set_isa(int32_t isa) {
+    BN_CHECK(isa >= BN_ISA_AUTO && isa <= BN_ISA_AVX512_VNNI,
+             "bitnet_cpu_set_isa: isa = %d is not 0 (auto), 1 (portable), 2 (avx2) or "
+             "3 (avx512-vnni)", isa);
+    if (!bn_cpu_isa_supported(isa))
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_cpu_set_isa: this CPU cannot run path %d "
+                       "(%s)", isa, isa == BN_ISA_AVX2 ? "avx2" : "avx512-vnni");
+    bn_cpu_set_isa(isa);
+    return BITNET_OK;
+}
+
+bitnet_status bitnet_cpu_get_isa(int32_t *isa) {
+    BN_CHECK(isa, "bitnet_cpu_get_isa: isa is NULL");
+    *isa = bn_cpu_isa();
+    return BITNET_OK;
+}

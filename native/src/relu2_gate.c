@@ -1,0 +1,23 @@
+/* Public entry point of the squared-ReLU gate: argument checks and dispatch to cpu/relu2_gate.c or
+ * cuda/relu2_gate.cu. */
+#include "internal.h"
+
+bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                const void *gate_up, void *out, void *stream) {
+    static const char fn[] = "bitnet_relu2_gate";
+    BN_TRY(bn_check_device(device));
+    int on_gpu = device != BITNET_DEVICE_CPU;
+    BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
+             "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype, bn_dtype_name(dtype));
+    if (on_gpu && dtype == BITNET_DTYPE_F32)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: float32 runs on the CPU only", fn);
+    BN_CHECK(T > 0 && F > 0, "%s: T and F must be positive, got %lld and %lld", fn, (long long)T,
+             (long long)F);
+    BN_CHECK(F <= INT32_MAX && T <= INT64_MAX / (2 * F), "%s: T * 2F overflows", fn);
+    BN_TRY(bn_check_size(fn, 2 * T * F, bn_dtype_size(dtype)));
+    int64_t align = bn_dtype_size(dtype);
+    BN_TRY(bn_check_pointer(device, gate_up, align, "bitnet_relu2_gate: gate_up"));
+    BN_TRY(bn_check_pointer(device, out, align, "bitnet_relu2_gate: out"));
+    return on_gpu ? BN_CUDA(bn_cuda_relu2_gate(device, dtype, T, F, gate_up, out, stream))
+                  : bn_cpu_relu2_gate(dtype, T, F, gate_up, out);
+}

@@ -1,0 +1,49 @@
+/* Public entry point of RoPE fused with the KV-cache append: argument checks and dispatch to
+ * cpu/rope_kv.c or cuda/rope_kv.cu. */
+#include <math.h>
+
+#include "internal.h"
+
+bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t S, int64_t Hq,
+                                    int64_t Hkv, int64_t D, void *q, const void *k, const void *v,
+                                    void *k_cache, void *v_cache, int64_t C,
+                                    const int32_t *positions, float theta, void *stream) {
+    static const char fn[] = "bitnet_rope_append_kv";
+    BN_TRY(bn_check_device(device));
+    int on_gpu = device != BITNET_DEVICE_CPU;
+    BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
+             "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype, bn_dtype_name(dtype));
+    if (on_gpu && dtype == BITNET_DTYPE_F32)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: float32 runs on the CPU only", fn);
+    BN_CHECK(B > 0 && S > 0 && Hq > 0 && Hkv > 0 && D > 0 && C > 0,
+             "%s: B, S, Hq, Hkv, D and C must be positive, got %lld, %lld, %lld, %lld, %lld, %lld",
+             fn, (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D,
+             (long long)C);
+    BN_CHECK(D % 2 == 0 && D <= 1024, "%s: head_dim D = %lld must be even and at most 1024", fn,
+             (long long)D);
+    BN_CHECK(Hq <= 65536 && Hkv <= 65536 && S <= INT32_MAX && C <= INT32_MAX,
+             "%s: Hq, Hkv, S or C too large", fn);
+    BN_CHECK(B <= INT64_MAX / (S * Hq * D) && B <= INT64_MAX / (C * Hkv * D),
+             "%s: B * S * Hq * D or B * C * Hkv * D overflows", fn);
+    BN_CHECK(S <= C, "%s: S = %lld new tokens do not fit a cache of C = %lld", fn, (long long)S,
+             (long long)C);
+    BN_CHECK(isfinite(theta) && theta > 1.0f, "%s: theta must be finite and > 1, got %g", fn,
+             (double)theta);
+    int64_t align = bn_dtype_size(dtype);
+    BN_TRY(bn_check_pointer(device, q, align, "bitnet_rope_append_kv: q"));
+    BN_TRY(bn_check_pointer(device, k, align, "bitnet_rope_append_kv: k"));
+    BN_TRY(bn_check_pointer(device, v, align, "bitnet_rope_append_kv: v"));
+    BN_TRY(bn_check_pointer(device, k_cache, align, "bitnet_rope_append_kv: k_cache"));
+    BN_TRY(bn_check_pointer(device, v_cache, align, "bitnet_rope_append_kv: v_cache"));
+    BN_TRY(bn_check_pointer(device, positions, 4, "bitnet_rope_append_kv: positions"));
+    if (!on_gpu)
+        for (int64_t b = 0; b < B; b++)
+            BN_CHECK(positions[b] >= 0 && positions[b] <= C - S,
+                     "%s: positions[%lld] = %d: tokens %d .. %lld do not fit a cache of C = %lld",
+                     fn, (long long)b, positions[b], positions[b], (long long)positions[b] + S - 1,
+                     (long long)C);
+    return on_gpu ? BN_CUDA(bn_cuda_rope_append_kv(device, dtype, B, S, Hq, Hkv, D, q, k, v, k_cache,
+                                                   v_cache, C, positions, theta, stream))
+                  : bn_cpu_rope_append_kv(dtype, B, S, Hq, Hkv, D, q, k, v, k_cache, v_cache, C,
+                                          positions, theta);
+}

@@ -1,0 +1,358 @@
+"""Attention: CPU and CUDA against a float64 numpy reference, the GPU also against the CPU and torch
+SDPA; the split-KV decode and mma prefill paths; bad input at the C ABI and in Python."""
+import math
+
+import numpy as np
+import pytest
+
+import bitnet_ffi
+from bitnet_ffi import _arrays, _ffi
+from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
+
+
+def reference_attention(q, k, v, causal=True, scale=None, seq_lens=None, rows=None):
+    """float64 attention; q [B, Sq, Hq, D], k and v [B, C, Hkv, D]; only query rows `rows` (all when
+    None) are computed, the others are NaN."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    B, Sq, Hq, D = q.shape
+    C, Hkv = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    out = np.full(q.shape, np.nan)
+    rows = np.arange(Sq) if rows is None else np.asarray(rows)
+    for b in range(B):
+        L = C if seq_lens is None else int(seq_lens[b])
+        kb = np.repeat(k[b, :L], Hq // Hkv, axis=1)            # [L, Hq, D]
+        vb = np.repeat(v[b, :L], Hq // Hkv, axis=1)
+        s = np.einsum("ihd,jhd->hij", q[b, rows], kb) * scale   # [Hq, rows, L]
+        if causal:
+            s[:, np.arange(L)[None, :] > (L - Sq + rows)[:, None]] = -np.inf
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        out[b, rows] = np.einsum("hij,jhd->ihd", p, vb)
+    return out
+
+
+# Bound on |out - reference| relative to max |v|: the GPU rounds the probabilities to the input dtype
+# before the P.V product and every backend rounds the output; 4 ulps of the dtype cover both.
+TOLERANCE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 1.6e-2}
+HEADS = [(20, 5), (8, 8), (32, 8), (8, 1)]
+
+
+def make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=1.0):
+    """Random q, k, v as numpy arrays of `dtype` (normal, q scaled by `spread`)."""
+    nd = _arrays.numpy_dtype(dtype)
+    q = (rng.standard_normal((B, Sq, Hq, D)) * spread).astype(nd)
+    k = rng.standard_normal((B, C, Hkv, D)).astype(nd)
+    v = (rng.standard_normal((B, C, Hkv, D)) + 0.5).astype(nd)
+    return q, k, v
+
+
+def assert_close(out, ref, v, dtype, rows=None):
+    out = np.asarray(out, dtype=np.float64)
+    if rows is not None:
+        out, ref = out[:, rows], ref[:, rows]
+    bound = TOLERANCE[dtype] * float(np.abs(np.asarray(v, dtype=np.float64)).max())
+    err = np.abs(out - ref)
+    assert np.isfinite(out).all(), "non-finite output"
+    assert err.max() <= bound, f"max error {err.max():.3g} > bound {bound:.3g}"
+
+
+def poisoned(shape, dtype):
+    return np.full(shape, np.nan, dtype=_arrays.numpy_dtype(dtype))
+
+
+# ---- tier 1: CPU ----
+
+CPU_CASES = [  # (B, Sq, Hq, Hkv, D, C)
+    (1, 1, 20, 5, 128, 1), (2, 1, 8, 8, 64, 17), (1, 3, 32, 8, 128, 300), (3, 2, 8, 1, 64, 77),
+    (1, 45, 20, 5, 128, 45), (2, 33, 8, 1, 64, 33)]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("case", CPU_CASES)
+def test_cpu_matches_reference(rng, dtype, case):
+    B, Sq, Hq, Hkv, D, C = case
+    q, k, v = make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C)
+    out = poisoned(q.shape, dtype)
+    assert bitnet_ffi.attention(q, k, v, out=out) is out
+    assert_close(out, reference_attention(q, k, v), v, dtype)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_cpu_ragged_seq_lens_scale_and_large_scores(rng, causal):
+    B, Sq, Hq, Hkv, D, C = 4, 3, 8, 2, 64, 50
+    q, k, v = make_qkv(rng, "float32", B, Sq, Hq, Hkv, D, C, spread=8.0)  # scores up to ~±100
+    lens = [3, 50, 17, 29]
+    out = bitnet_ffi.attention(q, k, v, causal=causal, scale=0.3, seq_lens=lens)
+    assert_close(out, reference_attention(q, k, v, causal, 0.3, lens), v, "float32")
+
+
+@pytest.mark.cpu
+def test_cpu_non_causal_decode_ignores_keys_past_seq_len(rng):
+    q, k, v = make_qkv(rng, "bfloat16", 2, 1, 20, 5, 128, 40)
+    first = bitnet_ffi.attention(q, k, v, causal=False, seq_lens=np.array([11, 40]))
+    k[0, 11:], v[0, 11:] = np.inf, np.nan   # past the length: never read
+    again = bitnet_ffi.attention(q, k, v, causal=False, seq_lens=np.array([11, 40]))
+    np.testing.assert_array_equal(first.view(np.uint16), again.view(np.uint16))
+
+
+def raw_attention(device, dtype, q, k, v, out, B=None, Sq=None, Hq=None, Hkv=None, D=None, C=None,
+                  seq_lens=None, causal=1, scale=0.0, workspace=None, workspace_bytes=0, like=None):
+    """bitnet_attention with sizes taken from q (or `like`) and v unless given;
+    returns the status."""
+    ffi = _ffi.ffi
+    qa, va = _arrays.as_array(q if like is None else like, "q"), _arrays.as_array(v, "v")
+    sizes = dict(B=qa.shape[0], Sq=qa.shape[1], Hq=qa.shape[2], D=qa.shape[3], C=va.shape[1],
+                 Hkv=va.shape[2])
+    given = dict(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, D=D, C=C)
+    sizes.update({n: x for n, x in given.items() if x is not None})
+    ptr = (lambda a: ffi.NULL if a is None else
+           a if isinstance(a, ffi.CData) else _arrays.as_array(a, "a").cptr())
+    return _ffi.lib().bitnet_attention(
+        device, _arrays.DTYPE_CODES[dtype], sizes["B"], sizes["Sq"], sizes["Hq"], sizes["Hkv"],
+        sizes["D"], ptr(q), ptr(k), ptr(v), sizes["C"],
+        ffi.cast("int32_t *", ptr(seq_lens)), causal, scale, ptr(out), ptr(workspace),
+        workspace_bytes, ffi.NULL)
+
+
+@pytest.mark.cpu
+def test_cpu_bad_input_at_the_c_abi(rng):
+    q, k, v = make_qkv(rng, "float32", 2, 2, 8, 2, 64, 10)
+    out = poisoned(q.shape, "float32")
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    cases = [
+        (dict(Hkv=3), lib.BITNET_ERR_INVALID_ARGUMENT, "not a multiple"),
+        (dict(seq_lens=np.array([4, 11], np.int32)), lib.BITNET_ERR_INVALID_ARGUMENT, "seq_lens[1]"),
+        (dict(seq_lens=np.array([1, 5], np.int32)), lib.BITNET_ERR_INVALID_ARGUMENT, "seq_lens[0]"),
+        (dict(D=80), lib.BITNET_ERR_UNSUPPORTED, "head_dim"),
+        (dict(B=0), lib.BITNET_ERR_INVALID_ARGUMENT, "positive"),
+        (dict(C=1), lib.BITNET_ERR_INVALID_ARGUMENT, "causal"),
+        (dict(causal=2), lib.BITNET_ERR_INVALID_ARGUMENT, "causal"),
+        (dict(scale=float("nan")), lib.BITNET_ERR_INVALID_ARGUMENT, "scale"),
+    ]
+    for kwargs, status, words in cases:
+        assert raw_attention(-1, "float32", q, k, v, out, **kwargs) == status, kwargs
+        assert words in _ffi.last_error(), (kwargs, _ffi.last_error())
+    status = lib.bitnet_attention(-1, 9, 2, 2, 8, 2, 64, ffi.cast("void *", q.ctypes.data),
+                                  ffi.cast("void *", k.ctypes.data), ffi.cast("void *", v.ctypes.data),
+                                  10, ffi.NULL, 1, 0.0, ffi.cast("void *", out.ctypes.data), ffi.NULL,
+                                  0, ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "dtype" in _ffi.last_error()
+    assert raw_attention(-1, "float32", None, k, v, out, like=q) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "q is NULL" in _ffi.last_error()
+    misaligned = ffi.cast("void *", out.ctypes.data + 2)
+    assert raw_attention(-1, "float32", q, k, v, misaligned) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "aligned" in _ffi.last_error()
+    assert np.isnan(out).all(), "out was written by a rejected call"
+
+
+@pytest.mark.cpu
+def test_cpu_bad_input_in_python(rng):
+    q, k, v = make_qkv(rng, "float16", 2, 1, 8, 2, 64, 10)
+    out = poisoned(q.shape, "float16")
+    bad = [
+        dict(q=q[:, :, :7].copy(), match="multiple"),
+        dict(k=k.astype(np.float32), match="dtype"),
+        dict(seq_lens=[0, 5], match=r"seq_lens\[0\]"),
+        dict(seq_lens=[5, 11], match=r"seq_lens\[1\]"),
+        dict(seq_lens=[5], match="seq_lens"),
+        dict(q=q[..., :32].copy(), k=k[..., :32].copy(), v=v[..., :32].copy(), out=None, match="head_dim",
+             error=UnsupportedError),
+        dict(out=np.empty((2, 1, 8, 63), np.float16), match="shape"),
+        dict(v=v[:, :9].copy(), match="shape"),
+        dict(scale=float("inf"), match="scale"),
+    ]
+    for case in bad:
+        args = dict(q=q, k=k, v=v, out=out)
+        error, match = case.pop("error", InvalidArgumentError), case.pop("match")
+        args.update(case)
+        with pytest.raises(error, match=match):
+            bitnet_ffi.attention(**args)
+        assert np.isnan(out).all()
+
+
+@pytest.mark.cpu
+def test_cpu_workspace_size_is_zero():
+    assert bitnet_ffi.attention_workspace_size(-1, 1, 1, 20, 5, 128, 4096) == 0
+
+
+# ---- tiers 2 and 3: CUDA ----
+
+def torch_inputs(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=1.0):
+    import torch
+    q, k, v = (torch.from_numpy(x.astype(np.float32)).to(getattr(torch, dtype)).cuda()
+               for x in make_qkv(rng, "float32", B, Sq, Hq, Hkv, D, C, spread))
+    return q, k, v
+
+
+def host64(t):
+    return t.double().cpu().numpy()
+
+
+def torch_sdpa(q, k, v, causal, seq_len=None):
+    """torch SDPA on [B, S, H, D] tensors for one sequence length (keys cut to it)."""
+    import torch
+    import torch.nn.functional as F
+    L = k.shape[1] if seq_len is None else seq_len
+    Sq = q.shape[1]
+    mask = None
+    if causal:
+        mask = torch.ones(Sq, L, dtype=torch.bool, device=q.device).tril(L - Sq)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k[:, :L].transpose(1, 2),
+                                         v[:, :L].transpose(1, 2), attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.gpu_smoke
+def test_gpu_smoke_decode(rng):
+    import torch
+    q, k, v = torch_inputs(rng, "bfloat16", 1, 1, 20, 5, 128, 100)
+    out = bitnet_ffi.attention(q, k, v)
+    torch.cuda.synchronize()
+    assert_close(host64(out), reference_attention(host64(q), host64(k), host64(v)), host64(v),
+                 "bfloat16")
+
+
+GPU_DECODE_CASES = [  # (B, Sq, Hq, Hkv, D, C)
+    (1, 1, 20, 5, 128, 1), (1, 1, 20, 5, 128, 17), (2, 1, 8, 8, 64, 1000), (1, 1, 32, 8, 128, 4096),
+    (3, 1, 8, 1, 128, 4096), (1, 1, 20, 5, 128, 40000), (2, 4, 20, 5, 128, 1000),
+    (2, 16, 8, 1, 64, 333), (1, 2, 32, 8, 64, 4096), (2, 5, 20, 5, 128, 300),
+    (1, 8, 32, 4, 64, 2000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", GPU_DECODE_CASES)
+def test_gpu_decode_matches_reference_and_sdpa(rng, dtype, case):
+    import torch
+    B, Sq, Hq, Hkv, D, C = case
+    q, k, v = torch_inputs(rng, dtype, B, Sq, Hq, Hkv, D, C)
+    out = torch.full_like(q, float("nan"))
+    bitnet_ffi.attention(q, k, v, out=out)
+    ref = reference_attention(host64(q), host64(k), host64(v))
+    assert_close(host64(out), ref, host64(v), dtype)
+    sdpa = torch_sdpa(q, k, v, True)
+    assert_close(host64(sdpa), ref, host64(v), dtype)  # the anchor meets the same bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", [(1, 1000, 20, 5, 128), (2, 77, 8, 8, 64), (1, 4096, 32, 8, 128),
+                                  (2, 300, 8, 1, 128), (1, 129, 20, 5, 64)])
+def test_gpu_prefill_matches_reference_and_sdpa(rng, dtype, case):
+    import torch
+    B, L, Hq, Hkv, D = case
+    q, k, v = torch_inputs(rng, dtype, B, L, Hq, Hkv, D, L)
+    out = torch.full_like(q, float("nan"))
+    bitnet_ffi.attention(q, k, v, out=out)
+    rows = np.unique(np.concatenate([np.arange(min(L, 70)), rng.integers(0, L, 60), [L - 1]]))
+    ref = reference_attention(host64(q), host64(k), host64(v), rows=rows)
+    assert torch.isfinite(out).all()
+    assert_close(host64(out), ref, host64(v), dtype, rows=rows)
+    sdpa = torch_sdpa(q, k, v, True)
+    assert (out.float() - sdpa.float()).abs().max().item() <= 2 * TOLERANCE[dtype] * v.abs().max().item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq", [1, 3, 100])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_ragged_matches_cpu_and_reference(rng, Sq, causal):
+    import torch
+    B, Hq, Hkv, D, C = 4, 20, 5, 128, 1500
+    lens = [Sq, 1500, 777, Sq + 40]
+    q, k, v = make_qkv(rng, "float16", B, Sq, Hq, Hkv, D, C, spread=3.0)
+    cpu = bitnet_ffi.attention(q, k, v, causal=causal, seq_lens=lens)
+    qg, kg, vg = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    gpu = bitnet_ffi.attention(qg, kg, vg, causal=causal, seq_lens=lens)
+    ref = reference_attention(q, k, v, causal, None, lens)
+    assert_close(host64(gpu), ref, v, "float16")
+    assert_close(cpu, ref, v, "float16")
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_matches_cpu(rng):
+    import torch
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    q, k, v = make_qkv(rng, "bfloat16", 2, 2, 32, 8, 64, 600)
+    cpu = bitnet_ffi.attention(q, k, v)
+    to_gpu = (lambda x: torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16))
+    gpu = bitnet_ffi.attention(to_gpu(q), to_gpu(k), to_gpu(v))
+    assert ml_dtypes
+    assert_close(host64(gpu), np.asarray(cpu, np.float64), v, "bfloat16")
+
+
+@pytest.mark.gpu
+def test_gpu_device_seq_lens_out_of_range_give_nan_for_that_sequence_only(rng):
+    import torch
+    for Sq in (1, 100):
+        q, k, v = torch_inputs(rng, "bfloat16", 4, Sq, 8, 2, 128, 300)
+        lens = torch.tensor([300, 301, Sq - 1 if Sq > 1 else -5, 150], dtype=torch.int32,
+                            device="cuda")
+        out = bitnet_ffi.attention(q, k, v, seq_lens=lens)
+        torch.cuda.synchronize()
+        assert torch.isnan(out[1:3]).all()
+        good = [0, 3]
+        ref = reference_attention(host64(q[good]), host64(k[good]), host64(v[good]),
+                                  seq_lens=[300, 150])
+        assert_close(host64(out[good]), ref, host64(v), "bfloat16")
+
+
+@pytest.mark.gpu
+def test_gpu_device_array_and_cuda_graph_replay(rng):
+    import torch
+    B, Sq, Hq, Hkv, D, C = 2, 1, 20, 5, 128, 5000
+    q, k, v = make_qkv(rng, "float16", B, Sq, Hq, Hkv, D, C)
+    dq, dk, dv = (bitnet_ffi.DeviceArray.from_numpy(x) for x in (q, k, v))
+    out = bitnet_ffi.attention(dq, dk, dv, seq_lens=[4000, 123])
+    assert isinstance(out, bitnet_ffi.DeviceArray)
+    assert_close(out.numpy(), reference_attention(q, k, v, seq_lens=[4000, 123]), v, "float16")
+
+    tq, tk, tv = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    lens = torch.tensor([10, 20], dtype=torch.int32, device="cuda")
+    ws = torch.empty(bitnet_ffi.attention_workspace_size(0, B, Sq, Hq, Hkv, D, C),
+                     dtype=torch.uint8, device="cuda")
+    tout = torch.empty_like(tq)
+    bitnet_ffi.attention(tq, tk, tv, seq_lens=lens, out=tout, workspace=ws)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bitnet_ffi.attention(tq, tk, tv, seq_lens=lens, out=tout, workspace=ws)
+    for new_lens in ([4999, 1], [37, 5000]):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        tout.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(host64(tout), reference_attention(q, k, v, seq_lens=new_lens), v, "float16")
+
+
+@pytest.mark.gpu
+def test_gpu_bad_input(rng):
+    import torch
+    lib = _ffi.lib()
+    q, k, v = torch_inputs(rng, "bfloat16", 1, 1, 20, 5, 128, 4096)
+    out = torch.full_like(q, float("nan"))
+    need = bitnet_ffi.attention_workspace_size(0, 1, 1, 20, 5, 128, 4096)
+    assert need > 0
+    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+    assert raw_attention(0, "bfloat16", q, k, v, out, workspace=ws, workspace_bytes=need - 1) \
+        == lib.BITNET_ERR_INVALID_ARGUMENT and "workspace" in _ffi.last_error()
+    assert raw_attention(0, "bfloat16", q, k, v, out) == lib.BITNET_ERR_INVALID_ARGUMENT
+    host_q = np.zeros((1, 1, 20, 128), np.float16)
+    assert raw_attention(0, "bfloat16", host_q, k, v, out, workspace=ws, workspace_bytes=need) \
+        == lib.BITNET_ERR_INVALID_ARGUMENT and "host memory" in _ffi.last_error()
+    misaligned = _ffi.ffi.cast("void *", k.data_ptr() + 2)
+    assert raw_attention(0, "bfloat16", q, misaligned, v, out, workspace=ws,
+                         workspace_bytes=need) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert raw_attention(0, "float32", q.float(), k.float(), v.float(), out.float(), workspace=ws,
+                         workspace_bytes=need) == lib.BITNET_ERR_UNSUPPORTED
+    assert raw_attention(0, "bfloat16", q, k, v, out, D=96, workspace=ws,
+                         workspace_bytes=need) == lib.BITNET_ERR_UNSUPPORTED
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bitnet_ffi.attention(q, k.cpu(), v)
+    with pytest.raises(InvalidArgumentError, match="seq_lens"):
+        bitnet_ffi.attention(q, k, v, seq_lens=[4097])
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bitnet_ffi.attention(q, k.half(), v)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()

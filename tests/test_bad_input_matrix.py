@@ -1,0 +1,888 @@
+"""The bad-input matrix of issue 7: every public entry point of bitnet.h, called with one valid set
+of arguments mutated one argument at a time, must return the documented status with a message
+naming the problem, and leave every output untouched (outputs are poisoned and compared byte for
+byte before and after).
+
+One table, MUTATIONS, drives both the C ABI (raw cffi calls) and, through GPU_MUTATIONS, the same
+calls on CUDA device 0 with torch tensors (tier 3). The Python API has its own table, PYTHON_CASES.
+Mutation classes: NULL, misaligned (+1 byte), host instead of device memory (GPU), zero, negative
+and overflowing sizes (count * element size > 2^63), dtype and enum values outside the enum or
+unsupported, mismatched shapes, NaN / infinite scalars (eps, scale, theta), device indices that are
+negative or past the last device, and out-of-range index contents (ids, positions, seq_lens).
+Known library bugs are listed in KNOWN_BUGS and run in a child process (some crash the process)."""
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bitnet_ffi as bn
+from bitnet_ffi import _arrays, _ffi
+from bitnet_ffi.errors import InvalidArgumentError, NoDeviceError, UnsupportedError
+
+ffi = _ffi.ffi
+OK, INVALID, UNSUPPORTED, NO_DEVICE = 0, 1, 2, 3
+NULL, MISALIGNED, HOST, PAST_LAST_DEVICE = "NULL", "MISALIGNED", "HOST", "PAST_LAST_DEVICE"
+BIG = 1 << 62
+SLACK = 64  # spare bytes after every buffer, so that a misaligned pointer stays inside it
+
+
+def has_cuda_build():
+    flag = ffi.new("int32_t *")
+    _ffi.call("has_cuda", flag)
+    return bool(flag[0])
+
+
+CUDA_BUILD = has_cuda_build()
+
+
+def by_build(cuda, cpu_only):
+    """The expected (status, fragment) where it depends on whether the library has CUDA."""
+    return cuda if CUDA_BUILD else cpu_only
+
+
+WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
+
+
+# ---------------------------------------------------------------- memory the calls run on
+
+
+class Memory:
+    """Allocates the arrays of a call on the CPU (numpy) or on CUDA device 0 (torch), each
+    64-byte aligned with SLACK spare bytes, and reads them back as bytes."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+        self.device = 0 if gpu else -1
+        self.keep = []  # host copies passed as HOST mutations stay alive until the call returns
+
+    def put(self, host):
+        host = np.ascontiguousarray(host)
+        raw = np.zeros(host.nbytes + 2 * SLACK, np.uint8)
+        start = -raw.ctypes.data % SLACK
+        buffer = raw[start:start + host.nbytes + SLACK]
+        buffer[:host.nbytes] = host.view(np.uint8).reshape(-1)
+        if not self.gpu:
+            return buffer
+        import torch
+        return torch.from_numpy(buffer).cuda()
+
+    def ptr(self, array):
+        return array.data_ptr() if self.gpu else array.ctypes.data
+
+    def host_copy_ptr(self, array):
+        host = self.put_host(self.read(array))
+        self.keep.append(host)
+        return host.ctypes.data
+
+    def put_host(self, data):
+        return Memory(False).put(data)
+
+    def read(self, array):
+        if self.gpu:
+            import torch
+            torch.cuda.synchronize()
+            return array.cpu().numpy().copy()
+        return array.copy()
+
+
+def poison(shape, dtype):
+    """0x7f bytes: a NaN in every float dtype, 127 in int8, a large int32."""
+    return np.full(int(np.prod(shape)) * _arrays.ITEMSIZE[dtype], 0x7F, np.uint8)
+
+
+def values(rng, shape, dtype):
+    data = rng.standard_normal(shape).astype(np.float32)
+    return data.astype(_arrays.numpy_dtype(dtype)).view(np.uint8).reshape(-1)
+
+
+@dataclass
+class Out:
+    """A scalar output parameter (int32_t *, void **, ...), pre-filled with a sentinel."""
+    ctype: str
+
+
+@dataclass
+class Call:
+    """One valid call: the C arguments by name in order, and which of them are written."""
+    entry: str
+    args: dict
+    outputs: tuple
+
+
+# ---------------------------------------------------------------- one valid call per entry point
+
+
+def float_dtype(mem):
+    """The float dtype of the attention and glue calls: float32 runs on the CPU only."""
+    return "float16" if mem.gpu else "float32"
+
+
+def valid_call(entry, mem, rng):
+    """The valid call of `entry` on `mem` (CPU or CUDA device 0)."""
+    d, put = mem.device, mem.put
+    fd = float_dtype(mem)
+    code = _arrays.DTYPE_CODES[fd]
+    if entry == "quantize_i2s":
+        return Call(entry, dict(device=d, w=put(values(rng, (3, 128), "float32")), w_dtype=0, M=3,
+                                K=128, row_segments=NULL, n_segments=0,
+                                w_packed=put(poison((3, 32), "uint8")),
+                                w_scales=put(poison((3,), "float32")), stream=NULL),
+                    ("w_packed", "w_scales"))
+    if entry == "pack_ternary":
+        w_q = rng.integers(-1, 2, (3, 128), dtype=np.int8)
+        return Call(entry, dict(device=d, w_q=put(w_q), M=3, K=128,
+                                w_packed=put(poison((3, 32), "uint8")), stream=NULL), ("w_packed",))
+    if entry == "unpack_ternary":
+        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
+                                M=3, K=128, w_q=put(poison((3, 128), "int8")), stream=NULL),
+                    ("w_q",))
+    if entry == "quantize_a8":
+        return Call(entry, dict(device=d, x=put(values(rng, (2, 128), "float32")), x_dtype=0, N=2,
+                                K=128, x_q=put(poison((2, 128), "int8")),
+                                x_scales=put(poison((2,), "float32")), stream=NULL),
+                    ("x_q", "x_scales"))
+    if entry == "gemv_w2a8":
+        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
+                                w_scales=put(np.ones(3, np.float32)), M=3, K=128,
+                                x_q=put(rng.integers(-128, 128, 256, dtype=np.int8)),
+                                x_scales=put(np.full(2, 50.0, np.float32)), N=2,
+                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
+    if entry == "rmsnorm":
+        return Call(entry, dict(device=d, dtype=0, T=2, H=8, x=put(values(rng, (2, 8), "float32")),
+                                residual=put(values(rng, (2, 8), "float32")),
+                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
+                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
+                                y_scales=put(poison((2,), "float32")), stream=NULL),
+                    ("residual", "y", "y_q", "y_scales"))
+    if entry == "attention":
+        q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
+        return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
+                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
+                                v=put(values(rng, kv, fd)), C=5,
+                                seq_lens=put(np.array([4], np.int32)), causal=1, scale=0.0,
+                                out=put(poison(q, fd)), workspace=put(poison((1 << 16,), "uint8")),
+                                workspace_bytes=1 << 16, stream=NULL), ("out",))
+    if entry == "attention_workspace_size":
+        return Call(entry, dict(device=d, B=1, Sq=2, Hq=4, Hkv=2, D=64, C=5,
+                                bytes=Out("int64_t *")), ("bytes",))
+    if entry == "rope_append_kv":
+        q, kv, cache = (2, 3, 4, 8), (2, 3, 2, 8), (2, 6, 2, 8)
+        return Call(entry, dict(device=d, dtype=code, B=2, S=3, Hq=4, Hkv=2, D=8,
+                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
+                                v=put(values(rng, kv, fd)), k_cache=put(poison(cache, fd)),
+                                v_cache=put(poison(cache, fd)), C=6,
+                                positions=put(np.array([0, 3], np.int32)), theta=10000.0,
+                                stream=NULL), ("q", "k_cache", "v_cache"))
+    if entry == "relu2_gate":
+        return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
+                                out=put(poison((3, 5), fd)), stream=NULL), ("out",))
+    if entry == "gemv_bf16":
+        return Call(entry, dict(device=d, w=put(values(rng, (3, 16), "bfloat16")), M=3, K=16,
+                                x=put(values(rng, (2, 16), "float32")), x_dtype=0, N=2,
+                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
+    if entry == "argmax":
+        return Call(entry, dict(device=d, x=put(values(rng, (2, 7), "float32")), N=2, M=7,
+                                index=put(poison((2,), "int32")), stream=NULL), ("index",))
+    if entry == "embedding":
+        return Call(entry, dict(device=d, dtype=0, table=put(values(rng, (5, 8), "float32")), V=5,
+                                H=8, ids=put(np.array([4, 0, 2], np.int32)), N=3,
+                                out=put(poison((3, 8), "float32")), stream=NULL), ("out",))
+    if entry == "add_int32":
+        return Call(entry, dict(device=d, x=put(np.arange(5, dtype=np.int32)), n=5, delta=3,
+                                stream=NULL), ("x",))
+    raise KeyError(entry)
+
+
+OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
+              "rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
+              "gemv_bf16", "argmax", "embedding", "add_int32")
+
+
+# ---------------------------------------------------------------- the mutation table
+
+
+@dataclass
+class Mutation:
+    arg: str
+    value: object
+    status: int
+    fragment: str
+    where: str = "both"  # "both", "cpu" (content checks the host makes) or "gpu"
+
+
+def nulls(*names):
+    return [Mutation(n, NULL, INVALID, "is NULL") for n in names]
+
+
+def misaligned(*names):
+    return [Mutation(n, MISALIGNED, INVALID, "is not aligned") for n in names]
+
+
+def host_pointers(*names):
+    return [Mutation(n, HOST, INVALID, "is host memory", "gpu") for n in names]
+
+
+def bad_devices():
+    return [Mutation("device", -2, INVALID, "neither the CPU"),
+            Mutation("device", 4096, NO_DEVICE, "does not exist"),
+            Mutation("device", PAST_LAST_DEVICE, NO_DEVICE, "does not exist", "gpu")]
+
+
+def non_positive(fragment, *names):
+    return [Mutation(n, v, INVALID, fragment) for n in names for v in (0, -1)]
+
+
+def pointers(*names, aligned=()):
+    """NULL and host-memory mutations of every pointer, misaligned ones of those in `aligned`."""
+    return nulls(*names) + misaligned(*aligned) + host_pointers(*names)
+
+
+TERNARY = "must be at least 1"
+MUTATIONS = {
+    "quantize_i2s": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("w_dtype", 3, UNSUPPORTED, "int8 is not supported"),
+        Mutation("w_dtype", 99, INVALID, "is not a bitnet_dtype"),
+        Mutation("w_dtype", -1, INVALID, "is not a bitnet_dtype"),
+        Mutation("K", 100, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("K", 1 << 23, UNSUPPORTED, "over the largest supported K"),
+        Mutation("M", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("M", 1 << 54, INVALID, "overflow a 64-bit byte count"),  # M*K fits, *4 does not
+        Mutation("n_segments", 2, INVALID, "n_segments must be 0 or 1"),
+        Mutation("row_segments", [1, 1], INVALID, "sum to"),  # n_segments 2 (COMPANIONS)
+    ] + pointers("w", "w_packed", "w_scales", aligned=("w", "w_packed", "w_scales")),
+    "pack_ternary": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("K", 200, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("M", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("w_q", np.full((3, 128), 2, np.int8), INVALID, "is not -1, 0 or 1"),
+        Mutation("w_q", np.full((3, 128), -128, np.int8), INVALID, "is not -1, 0 or 1"),
+    ] + pointers("w_q", "w_packed", aligned=("w_q", "w_packed")),
+    "unpack_ternary": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("K", 64, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("M", BIG, INVALID, "overflow a 64-bit byte count"),
+    ] + pointers("w_packed", "w_q", aligned=("w_packed", "w_q")),
+    "quantize_a8": bad_devices() + non_positive(TERNARY, "N", "K") + [
+        Mutation("x_dtype", 4, UNSUPPORTED, "int32 is not supported"),
+        Mutation("x_dtype", 77, INVALID, "is not a bitnet_dtype"),
+        Mutation("K", 1 << 23, UNSUPPORTED, "over the largest supported K"),
+        Mutation("N", 1 << 54, INVALID, "overflow a 64-bit byte count"),
+    ] + pointers("x", "x_q", "x_scales", aligned=("x", "x_q", "x_scales")),
+    "gemv_w2a8": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("N", 0, INVALID, "N must be at least 1"),
+        Mutation("N", -5, INVALID, "N must be at least 1"),
+        Mutation("y_dtype", 3, UNSUPPORTED, "int8 is not supported"),
+        Mutation("y_dtype", 50, INVALID, "is not a bitnet_dtype"),
+        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("N", 1 << 57, INVALID, "overflow a 64-bit byte count"),  # N * K
+        Mutation("M", 1 << 61, INVALID, "overflow a 64-bit byte count"),  # M * K
+    ] + pointers("w_packed", "w_scales", "x_q", "x_scales", "y",
+                 aligned=("w_packed", "w_scales", "x_q", "x_scales", "y")),
+    "rmsnorm": bad_devices() + non_positive("must be >= 1", "T", "H") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 42, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("T", BIG, INVALID, "overflows"),
+        Mutation("T", 1 << 59, INVALID, "overflow a 64-bit byte count"),  # T*H fits, *4 does not
+        Mutation("eps", math.nan, INVALID, "eps must be finite"),
+        Mutation("eps", math.inf, INVALID, "eps must be finite"),
+        Mutation("eps", -1e-6, INVALID, "eps must be finite and >= 0"),
+        Mutation("y_scales", NULL, INVALID, "go together"),
+        Mutation("y_q", NULL, INVALID, "go together"),
+        Mutation("y", "ALIAS:residual", INVALID, "overlap"),
+        Mutation("y_q", "ALIAS:x", INVALID, "overlap"),
+        Mutation("residual", "ALIAS:weight", INVALID, "overlap"),
+    ] + nulls("x", "weight") + misaligned("x", "weight", "residual", "y", "y_scales")
+      + host_pointers("x", "weight", "residual", "y", "y_q", "y_scales"),
+    "attention": bad_devices() + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C")
+    + [
+        Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("Hkv", 3, INVALID, "not a multiple of Hkv"),
+        Mutation("D", 96, UNSUPPORTED, "head_dim D = 96 is not supported"),
+        Mutation("D", 8192, INVALID, "too large"),
+        Mutation("B", BIG, INVALID, "overflows"),
+        Mutation("causal", 2, INVALID, "causal must be 0 or 1"),
+        Mutation("scale", math.nan, INVALID, "scale must be finite"),
+        Mutation("scale", -math.inf, INVALID, "scale must be finite"),
+        Mutation("workspace_bytes", -1, INVALID, "workspace_bytes is negative"),
+        Mutation("seq_lens", np.array([1], np.int32), INVALID, "is outside", "cpu"),  # < Sq
+        Mutation("seq_lens", np.array([6], np.int32), INVALID, "is outside", "cpu"),  # > C
+    ] + pointers("q", "k", "v", "out", aligned=("q", "k", "v", "out", "seq_lens"))
+      + host_pointers("seq_lens"),
+    "attention_workspace_size": bad_devices()
+    + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C") + [
+        Mutation("Hq", 3, INVALID, "not a multiple of Hkv"),
+        Mutation("B", BIG, INVALID, "overflows"),
+    ] + nulls("bytes"),
+    "rope_append_kv": bad_devices()
+    + non_positive("must be positive", "B", "S", "Hq", "Hkv", "D", "C") + [
+        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("D", 7, INVALID, "must be even"),
+        Mutation("D", 2048, INVALID, "at most 1024"),
+        Mutation("B", BIG, INVALID, "overflows"),
+        Mutation("C", 2, INVALID, "do not fit a cache"),  # S = 3 > C
+        Mutation("theta", math.nan, INVALID, "theta must be finite"),
+        Mutation("theta", math.inf, INVALID, "theta must be finite"),
+        Mutation("theta", 1.0, INVALID, "theta must be finite and > 1"),
+        Mutation("theta", -5.0, INVALID, "theta must be finite and > 1"),
+        Mutation("positions", np.array([0, 4], np.int32), INVALID, "do not fit a cache", "cpu"),
+        Mutation("positions", np.array([-1, 0], np.int32), INVALID, "do not fit a cache", "cpu"),
+    ] + pointers("q", "k", "v", "k_cache", "v_cache", "positions",
+                 aligned=("q", "k", "v", "k_cache", "v_cache", "positions")),
+    "relu2_gate": bad_devices() + non_positive("must be positive", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("F", 1 << 40, INVALID, "overflows"),
+        Mutation("T", BIG, INVALID, "overflows"),
+    ] + pointers("gate_up", "out", aligned=("gate_up", "out")),
+    "gemv_bf16": bad_devices() + non_positive("size must be positive", "M", "N", "K") + [
+        Mutation("x_dtype", 1, INVALID, "x dtype must be float32 or bfloat16"),
+        Mutation("x_dtype", 9, INVALID, "x dtype must be float32 or bfloat16"),
+        Mutation("y_dtype", 4, INVALID, "y dtype must be float32 or bfloat16"),
+        Mutation("K", 12, INVALID, "multiple of 8"),
+        Mutation("M", 1 << 60, INVALID, "overflow a 64-bit byte count"),
+        Mutation("N", 1 << 60, INVALID, "overflow a 64-bit byte count"),
+    ] + pointers("w", "x", "y", aligned=("w", "x", "y")),
+    "argmax": bad_devices() + non_positive("size must be positive", "N", "M") + [
+        Mutation("M", 1 << 31, INVALID, "does not fit the int32 index"),
+        Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("N", 1 << 40, INVALID, "overflow a 64-bit byte count"),  # N * M * 4, M = 2^31-1
+    ] + pointers("x", "index", aligned=("x", "index")),
+    "embedding": bad_devices() + non_positive("size must be positive", "V", "H", "N") + [
+        Mutation("dtype", 4, INVALID, "dtype must be float32, float16 or bfloat16"),
+        Mutation("V", 1 << 31, INVALID, "does not fit the int32 ids"),
+        Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("H", 1 << 40, INVALID, "overflow a 64-bit byte count"),  # V * H * 4, V = 2^30
+        Mutation("ids", np.array([4, 5, 0], np.int32), INVALID, "is outside [0, 5)", "cpu"),
+        Mutation("ids", np.array([-1, 0, 0], np.int32), INVALID, "is outside [0, 5)", "cpu"),
+    ] + pointers("table", "ids", "out", aligned=("table", "ids", "out")),
+    "add_int32": bad_devices() + non_positive("size must be positive", "n") + [
+        Mutation("n", BIG, INVALID, "overflow a 64-bit byte count"),
+    ] + pointers("x", aligned=("x",)),
+}
+# Mutations that change two arguments that only make sense together (the table stays one argument
+# per row: the second is applied by COMPANIONS).
+COMPANIONS = {("quantize_i2s", "row_segments"): {"n_segments": 2},
+              ("argmax", "N"): {"M": (1 << 31) - 1},
+              ("embedding", "H"): {"V": 1 << 30}}
+
+
+def mutation_cases(where):
+    cases = []
+    for entry, mutations in MUTATIONS.items():
+        for m in mutations:
+            if m.where in ("both", where):
+                label = m.value if isinstance(m.value, (int, float, str)) else "array"
+                cases.append(pytest.param(entry, m, id=f"{entry}-{m.arg}={label}"))
+    return cases
+
+
+def c_value(mem, call, name, value):
+    """The cffi argument for `value` of argument `name` of `call`."""
+    if isinstance(value, str):
+        if value == NULL:
+            return ffi.NULL
+        if value == MISALIGNED:
+            return ffi.cast("void *", mem.ptr(call.args[name]) + 1)
+        if value == HOST:
+            return ffi.cast("void *", mem.host_copy_ptr(call.args[name]))
+        if value == PAST_LAST_DEVICE:
+            count = ffi.new("int32_t *")
+            _ffi.call("device_count", count, ffi.NULL)
+            return count[0]
+        if value.startswith("ALIAS:"):
+            return ffi.cast("void *", mem.ptr(call.args[value[6:]]))
+        raise ValueError(value)
+    if isinstance(value, Out):
+        return ffi.new(value.ctype, 0x5EED)
+    if isinstance(value, list):
+        return ffi.new("int64_t[]", value)
+    if isinstance(value, np.ndarray) or hasattr(value, "data_ptr"):
+        return ffi.cast("void *", mem.ptr(value))
+    return value
+
+
+def run_call(mem, call, changes):
+    """Calls the entry point with `changes` applied; returns (status, message, outputs before,
+    outputs after) where outputs are bytes."""
+    changes = {name: mem.put(v) if isinstance(v, np.ndarray) else v for name, v in changes.items()}
+    args = {name: changes.get(name, value) for name, value in call.args.items()}
+    converted = {name: c_value(mem, call, name, value) for name, value in args.items()}
+
+    def snapshot():
+        result = {}
+        for name in call.outputs:
+            if isinstance(call.args[name], Out):
+                pointer = converted[name]
+                result[name] = bytes(ffi.buffer(pointer)) if pointer != ffi.NULL else b""
+            else:
+                result[name] = mem.read(call.args[name]).tobytes()
+        return result
+
+    before = snapshot()
+    status = getattr(_ffi.lib(), "bitnet_" + call.entry)(*converted.values())
+    message = _ffi.last_error()
+    return int(status), message, before, snapshot()
+
+
+def check_mutation(mem, entry, mutation, rng):
+    call = valid_call(entry, mem, rng)
+    changes = {mutation.arg: mutation.value, **COMPANIONS.get((entry, mutation.arg), {})}
+    status, message, before, after = run_call(mem, call, changes)
+    assert (status, mutation.fragment in message) == (mutation.status, True), \
+        f"bitnet_{entry} with {mutation.arg}={mutation.value!r}: status {status}, {message!r}"
+    for name in call.outputs:
+        assert after[name] == before[name], f"{name} was written by a rejected call"
+
+
+# ---------------------------------------------------------------- tier 1: C ABI on the CPU
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("entry", OP_ENTRIES)
+def test_the_valid_call_succeeds_on_the_cpu(entry, rng):
+    """Each row of the table differs from a call that works in exactly one argument."""
+    mem = Memory(False)
+    call = valid_call(entry, mem, rng)
+    status, message, before, after = run_call(mem, call, {})
+    assert status == OK, message
+    assert any(after[n] != before[n] for n in call.outputs), "the valid call wrote nothing"
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("entry,mutation", mutation_cases("cpu"))
+def test_cpu_op_mutation(entry, mutation, rng):
+    check_mutation(Memory(False), entry, mutation, rng)
+
+
+# The runtime entry points (no op arrays): (entry, args, expected (status, fragment)). String
+# arguments: "out:<ctype>" a fresh output, "host" a host buffer, "fake" a non-NULL pointer that the
+# argument checks must reject before it reaches CUDA.
+RUNTIME_CASES = [
+    ("get_last_error", ["NULL"], (INVALID, "message is NULL")),
+    ("get_version", ["NULL", "out:int32_t *", "out:int32_t *"], (INVALID, "NULL output pointer")),
+    ("get_version", ["out:int32_t *", "NULL", "out:int32_t *"], (INVALID, "NULL output pointer")),
+    ("get_version", ["out:int32_t *", "out:int32_t *", "NULL"], (INVALID, "NULL output pointer")),
+    ("has_cuda", ["NULL"], (INVALID, "has_cuda is NULL")),
+    ("device_count", ["NULL", "NULL"], (INVALID, "count is NULL")),
+    ("device_get_info", [0, "NULL"], (INVALID, "info is NULL")),
+    ("device_get_info", [-1, "out:bitnet_device_info *"], (INVALID, "not a CUDA device index")),
+    ("device_get_info", [4096, "out:bitnet_device_info *"], (NO_DEVICE, "does not exist")),
+    ("pointer_device", ["NULL", "out:int32_t *"], (INVALID, "ptr is NULL")),
+    ("pointer_device", ["host", "NULL"], (INVALID, "device is NULL")),
+    ("malloc", [0, 16, "NULL"], (INVALID, "ptr is NULL")),
+    ("malloc", [0, -1, "out:void **"], (INVALID, "nbytes must not be negative")),
+    ("malloc", [-1, 16, "out:void **"], (INVALID, "not a CUDA device index")),
+    ("malloc", [4096, 16, "out:void **"], (NO_DEVICE, "does not exist")),
+    ("free", [-1, "fake"], (INVALID, "not a CUDA device index")),
+    ("free", [4096, "fake"], (NO_DEVICE, "does not exist")),
+    ("memcpy", ["host", "host", -1, 0, "NULL"], (INVALID, "nbytes must not be negative")),
+    ("memcpy", ["host", "host", 8, 7, "NULL"], (INVALID, "kind 7 is not a bitnet_copy_kind")),
+    # cffi passes the enum as unsigned: 2^32 - 1 arrives as the int -1.
+    ("memcpy", ["host", "host", 8, 0xFFFFFFFF, "NULL"], (INVALID, "kind -1 is not a bitnet_copy_kind")),
+    ("memcpy", ["NULL", "host", 8, 1, "NULL"], by_build((INVALID, "dst is NULL"), WITHOUT_CUDA)),
+    ("memcpy", ["host", "NULL", 8, 0, "NULL"], by_build((INVALID, "src is NULL"), WITHOUT_CUDA)),
+    ("memcpy", ["host", "host", 8, 0, "NULL"],
+     by_build((INVALID, "does not match the copy kind"), WITHOUT_CUDA)),
+    ("memset", ["host", 256, 8, "NULL"], (INVALID, "byte_value 256 is not in 0..255")),
+    ("memset", ["host", -1, 8, "NULL"], (INVALID, "byte_value -1 is not in 0..255")),
+    ("memset", ["host", 0, -8, "NULL"], (INVALID, "nbytes must not be negative")),
+    ("memset", ["NULL", 0, 8, "NULL"], by_build((INVALID, "ptr is NULL"), WITHOUT_CUDA)),
+    ("memset", ["host", 0, 8, "NULL"], by_build((INVALID, "is host memory"), WITHOUT_CUDA)),
+    ("device_synchronize", [-1], (INVALID, "not a CUDA device index")),
+    ("device_synchronize", [4096], (NO_DEVICE, "does not exist")),
+    ("cpu_set_isa", [-1], (INVALID, "is not 0 (auto)")),
+    ("cpu_set_isa", [4], (INVALID, "is not 0 (auto)")),
+    ("cpu_get_isa", ["NULL"], (INVALID, "isa is NULL")),
+    ("stream_create", [0, "NULL"], (INVALID, "stream is NULL")),
+    ("stream_create", [-1, "out:void **"], (INVALID, "not a CUDA device index")),
+    ("stream_create", [4096, "out:void **"], (NO_DEVICE, "does not exist")),
+    ("stream_destroy", [0, "NULL"], (INVALID, "the default stream cannot be destroyed")),
+    ("stream_destroy", [4096, "fake"], (NO_DEVICE, "does not exist")),
+    ("event_create", [0, "NULL"], (INVALID, "event is NULL")),
+    ("event_create", [-1, "out:void **"], (INVALID, "not a CUDA device index")),
+    ("event_create", [4096, "out:void **"], (NO_DEVICE, "does not exist")),
+    ("event_destroy", [0, "NULL"], (INVALID, "event is NULL")),
+    ("event_destroy", [4096, "fake"], (NO_DEVICE, "does not exist")),
+    ("event_record", ["NULL", "NULL"], (INVALID, "event is NULL")),
+    ("event_elapsed_ms", ["NULL", "fake", "out:float *"], (INVALID, "NULL start")),
+    ("event_elapsed_ms", ["fake", "NULL", "out:float *"], (INVALID, "NULL end")),
+    ("event_elapsed_ms", ["fake", "fake", "NULL"], (INVALID, "NULL ms")),
+    ("graph_capture_begin", ["NULL"], (INVALID, "legacy default stream cannot be captured")),
+    ("graph_capture_end", ["NULL", "out:void **"], (INVALID, "stream is NULL")),
+    ("graph_capture_end", ["fake", "NULL"], (INVALID, "graph is NULL")),
+    ("graph_launch", ["NULL", "NULL"], (INVALID, "graph is NULL")),
+    ("graph_destroy", ["NULL"], (INVALID, "graph is NULL")),
+]
+if not CUDA_BUILD:  # with CUDA, a NULL stream is the legacy default stream: nothing to reject
+    RUNTIME_CASES.append(("stream_synchronize", ["NULL"], WITHOUT_CUDA))
+# Library bug: the destroy calls do not reject device -1 as their create calls do; they return
+# BITNET_ERR_CUDA (cudaSetDevice(-1) fails) or, without CUDA, BITNET_ERR_NO_DEVICE.
+RUNTIME_BUGS = [("stream_destroy", [-1, "fake"], (INVALID, "not a CUDA device index")),
+                ("event_destroy", [-1, "fake"], (INVALID, "not a CUDA device index"))]
+
+
+def runtime_params():
+    bug = pytest.mark.xfail(strict=True, reason="library bug: destroy accepts device -1")
+    return ([pytest.param(*c, id=f"{c[0]}-{i}") for i, c in enumerate(RUNTIME_CASES)] +
+            [pytest.param(*c, id=f"{c[0]}-bug{i}", marks=bug) for i, c in enumerate(RUNTIME_BUGS)])
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("entry,args,expected", runtime_params())
+def test_cpu_runtime_entry(entry, args, expected):
+    host = np.full(16, 0x7F, np.uint8)
+    converted, outputs = [], []
+    for a in args:
+        if a == "NULL":
+            a = ffi.NULL
+        elif a == "host":
+            a = ffi.cast("void *", host.ctypes.data)
+        elif a == "fake":
+            a = ffi.cast("void *", 0x1000)
+        elif isinstance(a, str):
+            a = ffi.new(a[4:])
+            size = ffi.sizeof(ffi.typeof(a).item)
+            ffi.memmove(a, b"\x5e" * size, size)
+            outputs.append(a)
+        converted.append(a)
+    before = [bytes(ffi.buffer(o)) for o in outputs]
+    status = getattr(_ffi.lib(), "bitnet_" + entry)(*converted)
+    message = _ffi.last_error()
+    assert (int(status), expected[1] in message) == (expected[0], True), (status, message)
+    assert [bytes(ffi.buffer(o)) for o in outputs] == before, "an output was written"
+    assert (host == 0x7F).all(), "the host buffer was written"
+
+
+# ---------------------------------------------------------------- the Python API
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def nan_like(shape, dtype="float32"):
+    return np.full(shape, np.nan, _arrays.numpy_dtype(dtype))
+
+
+def python_cases(rng):
+    """(name, function to call, exception type, message fragment, arrays that must stay as they
+    are). Each function is a valid call with one argument made wrong."""
+    x, w = f32(rng, 3, 8), f32(rng, 8)
+    y = nan_like((3, 8))
+    residual = f32(rng, 3, 8)
+    q, kv = f32(rng, 1, 2, 4, 64), f32(rng, 1, 5, 2, 64)
+    att_out = nan_like((1, 2, 4, 64))
+    rq, rkv, cache = f32(rng, 2, 3, 4, 8), f32(rng, 2, 3, 2, 8), nan_like((2, 6, 2, 8))
+    gate, gate_out = f32(rng, 3, 10), nan_like((3, 5))
+    hw = rng.standard_normal((3, 16)).astype(_arrays.numpy_dtype("bfloat16"))
+    hx, hy = f32(rng, 2, 16), nan_like((2, 3))
+    logits, index = f32(rng, 2, 7), np.full(2, 0x7F7F7F7F, np.int32)
+    table, emb_out = f32(rng, 5, 8), nan_like((3, 8))
+    counter = np.arange(4, dtype=np.int32)
+    wt = f32(rng, 3, 128)
+    tw = bn.pack_ternary(rng.integers(-1, 2, (3, 128), dtype=np.int8), 0.5)
+    x_q, x_s = rng.integers(-128, 128, (2, 128), dtype=np.int8), np.full(2, 9.0, np.float32)
+    gy = nan_like((2, 3))
+    bad_w_q = np.full((3, 128), 3, np.int8)
+    strided = f32(rng, 3, 16)[:, ::2]
+    return [
+        ("rmsnorm weight shape", lambda: bn.rmsnorm(x, w[:7], out=y), InvalidArgumentError,
+         "weight: expected shape [8]", [y]),
+        ("rmsnorm weight dtype", lambda: bn.rmsnorm(x, w.astype(np.float16), out=y),
+         InvalidArgumentError, "weight: expected dtype float32", [y]),
+        ("rmsnorm int32 x", lambda: bn.rmsnorm(x.astype(np.int32), w), InvalidArgumentError,
+         "x: expected dtype", []),
+        ("rmsnorm float64 x", lambda: bn.rmsnorm(x.astype(np.float64), w), InvalidArgumentError,
+         "dtype float64 is not supported", []),
+        ("rmsnorm strided x", lambda: bn.rmsnorm(strided, w, out=y), InvalidArgumentError,
+         "not C-contiguous", [y]),
+        ("rmsnorm eps nan", lambda: bn.rmsnorm(x, w, eps=math.nan, out=y), InvalidArgumentError,
+         "eps must be finite", [y]),
+        ("rmsnorm eps inf", lambda: bn.rmsnorm(x, w, eps=math.inf, out=y), InvalidArgumentError,
+         "eps must be finite", [y]),
+        ("rmsnorm eps negative", lambda: bn.rmsnorm(x, w, eps=-1.0, out=y), InvalidArgumentError,
+         "eps must be finite and >= 0", [y]),
+        ("rmsnorm out shape", lambda: bn.rmsnorm(x, w, out=nan_like((3, 7))), InvalidArgumentError,
+         "out: expected shape [3, 8]", []),
+        ("rmsnorm scalar x", lambda: bn.rmsnorm(np.ones((), np.float32), w),
+         InvalidArgumentError, "got a scalar", []),
+        ("add_rmsnorm residual shape", lambda: bn.add_rmsnorm(x, residual[:2], w, out=y),
+         InvalidArgumentError, "residual: expected shape [3, 8]", [y, residual]),
+        ("add_rmsnorm eps nan", lambda: bn.add_rmsnorm(x, residual, w, eps=math.nan, out=y),
+         InvalidArgumentError, "eps must be finite", [y, residual]),
+        ("rmsnorm_quantize out not a pair", lambda: bn.rmsnorm_quantize(x, w, out=y),
+         InvalidArgumentError, "expected a pair", [y]),
+        ("rmsnorm_quantize scales shape",
+         lambda: bn.rmsnorm_quantize(x, w, out=(np.zeros((3, 8), np.int8), nan_like((2,)))),
+         InvalidArgumentError, "scales: expected shape [3]", []),
+        ("attention scale nan", lambda: bn.attention(q, kv, kv, scale=math.nan, out=att_out),
+         InvalidArgumentError, "scale must be finite", [att_out]),
+        ("attention scale inf", lambda: bn.attention(q, kv, kv, scale=math.inf, out=att_out),
+         InvalidArgumentError, "scale must be finite", [att_out]),
+        ("attention k dtype", lambda: bn.attention(q, kv.astype(np.float16), kv, out=att_out),
+         InvalidArgumentError, "k: expected dtype float32", [att_out]),
+        ("attention v shape", lambda: bn.attention(q, kv, kv[:, :4], out=att_out),
+         InvalidArgumentError, "v: expected shape", [att_out]),
+        ("attention heads", lambda: bn.attention(f32(rng, 1, 2, 3, 64), kv, kv),
+         InvalidArgumentError, "not a multiple", []),
+        ("attention head_dim 96", lambda: bn.attention(f32(rng, 1, 1, 2, 96), f32(rng, 1, 3, 2, 96),
+                                                       f32(rng, 1, 3, 2, 96)),
+         UnsupportedError, "head_dim D = 96", []),
+        ("attention seq_lens range", lambda: bn.attention(q, kv, kv, seq_lens=[6], out=att_out),
+         InvalidArgumentError, "seq_lens[0] = 6 is outside", [att_out]),
+        ("attention seq_lens float", lambda: bn.attention(q, kv, kv, seq_lens=[4.0], out=att_out),
+         InvalidArgumentError, "seq_lens: expected 1 integers", [att_out]),
+        ("attention out shape", lambda: bn.attention(q, kv, kv, out=nan_like((1, 2, 4, 32))),
+         InvalidArgumentError, "out: expected shape", []),
+        ("attention_workspace_size device", lambda: bn.attention_workspace_size(4096, 1, 1, 4, 2,
+                                                                                 64, 5),
+         NoDeviceError, "does not exist", []),
+        ("rope theta nan", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3],
+                                                     theta=math.nan),
+         InvalidArgumentError, "theta must be finite", [rq, cache]),
+        ("rope theta inf", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3],
+                                                     theta=math.inf),
+         InvalidArgumentError, "theta must be finite", [rq, cache]),
+        ("rope theta 1", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3], theta=1.0),
+         InvalidArgumentError, "theta must be finite and > 1", [rq, cache]),
+        ("rope positions range", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 4]),
+         InvalidArgumentError, "positions[1] = 4", [rq, cache]),
+        ("rope positions negative", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [-1, 0]),
+         InvalidArgumentError, "positions[0] = -1", [rq, cache]),
+        ("rope positions count", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0]),
+         InvalidArgumentError, "positions: expected 2 integers", [rq, cache]),
+        ("rope k_cache shape", lambda: bn.rope_append_kv(rq, rkv, rkv, nan_like((2, 6, 1, 8)),
+                                                         cache, [0, 3]),
+         InvalidArgumentError, "k_cache: expected shape", [rq, cache]),
+        ("rope odd head_dim", lambda: bn.rope_append_kv(f32(rng, 1, 1, 1, 7), f32(rng, 1, 1, 1, 7),
+                                                        f32(rng, 1, 1, 1, 7), nan_like((1, 2, 1, 7)),
+                                                        nan_like((1, 2, 1, 7)), [0]),
+         InvalidArgumentError, "must be even", []),
+        ("relu2_gate odd width", lambda: bn.relu2_gate(f32(rng, 3, 9)), InvalidArgumentError,
+         "expected shape [..., 2F]", []),
+        ("relu2_gate out shape", lambda: bn.relu2_gate(gate, out=nan_like((3, 4))),
+         InvalidArgumentError, "out: expected shape [3, 5]", []),
+        ("relu2_gate out dtype", lambda: bn.relu2_gate(gate, out=nan_like((3, 5), "float16")),
+         InvalidArgumentError, "out: expected dtype float32", []),
+        ("relu2_gate int8", lambda: bn.relu2_gate(np.ones((3, 10), np.int8), out=gate_out),
+         InvalidArgumentError, "gate_up: expected dtype", [gate_out]),
+        ("relu2_gate empty", lambda: bn.relu2_gate(np.ones((3, 0), np.float32)),
+         InvalidArgumentError, "must be positive", []),
+        ("gemv_bf16 float32 w", lambda: bn.gemv_bf16(f32(rng, 3, 16), hx, out=hy),
+         InvalidArgumentError, "w: expected dtype bfloat16", [hy]),
+        ("gemv_bf16 x width", lambda: bn.gemv_bf16(hw, f32(rng, 2, 8), out=hy),
+         InvalidArgumentError, "x: expected shape [2, 16]", [hy]),
+        ("gemv_bf16 out dtype", lambda: bn.gemv_bf16(hw, hx, out_dtype="float16"),
+         InvalidArgumentError, "out_dtype must be float32 or bfloat16", []),
+        ("gemv_bf16 K not multiple of 8", lambda: bn.gemv_bf16(hw[:, :12].copy(), hx[:, :12].copy()),
+         InvalidArgumentError, "multiple of 8", []),
+        ("gemv_bf16 3-D x", lambda: bn.gemv_bf16(hw, f32(rng, 1, 2, 16)), InvalidArgumentError,
+         "expected shape [K] or [N, K]", []),
+        ("argmax float64", lambda: bn.argmax(logits.astype(np.float64), out=index),
+         InvalidArgumentError, "dtype float64 is not supported", [index]),
+        ("argmax out dtype", lambda: bn.argmax(logits, out=np.zeros(2, np.int8)),
+         InvalidArgumentError, "out: expected dtype int32", []),
+        ("argmax out shape", lambda: bn.argmax(logits, out=np.zeros(3, np.int32)),
+         InvalidArgumentError, "out: expected shape [2]", []),
+        ("argmax empty row", lambda: bn.argmax(np.ones((2, 0), np.float32), out=index),
+         InvalidArgumentError, "size must be positive", [index]),
+        ("embedding id range", lambda: bn.embedding(table, [0, 5, 1], out=emb_out),
+         InvalidArgumentError, "ids[1] = 5 is outside [0, 5)", [emb_out]),
+        ("embedding negative id", lambda: bn.embedding(table, [-1, 0, 1], out=emb_out),
+         InvalidArgumentError, "ids[0] = -1", [emb_out]),
+        ("embedding 2-D ids", lambda: bn.embedding(table, [[0, 1]], out=emb_out),
+         InvalidArgumentError, "expected a 1-D integer array", [emb_out]),
+        ("embedding float ids", lambda: bn.embedding(table, [0.0, 1.0, 2.0], out=emb_out),
+         InvalidArgumentError, "expected a 1-D integer array", [emb_out]),
+        ("embedding int table", lambda: bn.embedding(np.ones((5, 8), np.int32), [0]),
+         InvalidArgumentError, "table: expected dtype", []),
+        ("embedding out shape", lambda: bn.embedding(table, [0, 1, 2], out=nan_like((3, 7))),
+         InvalidArgumentError, "out: expected shape [3, 8]", []),
+        ("add_int32 float", lambda: bn.add_int32(counter.astype(np.float32), 1),
+         InvalidArgumentError, "x: expected dtype int32", []),
+        ("add_int32 delta too large", lambda: bn.add_int32(counter, 1 << 40), OverflowError, "",
+         [counter]),
+        ("quantize_i2s K=100", lambda: bn.quantize_i2s(f32(rng, 3, 100)), UnsupportedError,
+         "not a multiple of 128", []),
+        ("quantize_i2s segments sum", lambda: bn.quantize_i2s(wt, row_segments=[1, 1]),
+         InvalidArgumentError, "summing to M = 3", []),
+        ("quantize_i2s zero segment", lambda: bn.quantize_i2s(wt, row_segments=[0, 3]),
+         InvalidArgumentError, "must be positive", []),
+        ("quantize_i2s int8 w", lambda: bn.quantize_i2s(wt.astype(np.int8)), InvalidArgumentError,
+         "w: expected dtype", []),
+        ("pack_ternary value 3", lambda: bn.pack_ternary(bad_w_q, 1.0), InvalidArgumentError,
+         "is not -1, 0 or 1", [bad_w_q]),
+        ("pack_ternary scales shape", lambda: bn.pack_ternary(np.zeros((3, 128), np.int8),
+                                                              np.ones(2, np.float32)),
+         InvalidArgumentError, "scales: expected shape [3]", []),
+        ("quantize_a8 3-D", lambda: bn.quantize_a8(f32(rng, 1, 2, 128)), InvalidArgumentError,
+         "expected shape [K] or [N, K]", []),
+        ("quantize_a8 K=64", lambda: bn.quantize_a8(f32(rng, 2, 64)), UnsupportedError,
+         "not a multiple of 128", []),
+        ("gemv_w2a8 w not weights", lambda: bn.gemv_w2a8(wt, x_q, x_s, out=gy),
+         InvalidArgumentError, "expected TernaryWeights", [gy]),
+        ("gemv_w2a8 out_dtype", lambda: bn.gemv_w2a8(tw, x_q, x_s, out_dtype="int8"),
+         InvalidArgumentError, "out_dtype must be one of", []),
+        ("gemv_w2a8 x_q width", lambda: bn.gemv_w2a8(tw, x_q[:, :64].copy(), x_s, out=gy),
+         InvalidArgumentError, "x_q: expected shape [2, 128]", [gy]),
+        ("gemv_w2a8 scales shape", lambda: bn.gemv_w2a8(tw, x_q, x_s[:1], out=gy),
+         InvalidArgumentError, "s: expected shape [2]", [gy]),
+        ("gemv_w2a8 x_q dtype", lambda: bn.gemv_w2a8(tw, x_q.astype(np.int32), x_s, out=gy),
+         InvalidArgumentError, "x_q: expected dtype int8", [gy]),
+        ("TernaryWeights scales", lambda: bn.TernaryWeights(np.zeros((3, 32), np.uint8),
+                                                            np.ones(4, np.float32)),
+         InvalidArgumentError, "scales: expected shape [3]", []),
+        ("set_cpu_isa name", lambda: bn.set_cpu_isa("sse"), InvalidArgumentError,
+         "CPU path must be one of", []),
+        ("DeviceArray device", lambda: bn.DeviceArray((4,), "float32", 4096), NoDeviceError,
+         "does not exist", []),
+        ("DeviceArray dtype", lambda: bn.DeviceArray((4,), "float64", 0), InvalidArgumentError,
+         "is not one of", []),
+        ("DeviceArray negative", lambda: bn.DeviceArray((-4,), "float32", 0), InvalidArgumentError,
+         "negative dimension", []),
+        ("Stream device", lambda: bn.Stream(4096), NoDeviceError, "does not exist", []),
+        ("Event device", lambda: bn.Event(4096), NoDeviceError, "does not exist", []),
+        ("Stream negative device", lambda: bn.Stream(-1), InvalidArgumentError,
+         "not a CUDA device index", []),
+        ("not an array", lambda: bn.argmax([1.0, 2.0]), InvalidArgumentError,
+         "expected a numpy array", []),
+    ]
+
+
+PYTHON_CASE_NAMES = [case[0] for case in python_cases(np.random.default_rng(0))]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", PYTHON_CASE_NAMES)
+def test_python_api_rejects(name, rng):
+    case = {c[0]: c for c in python_cases(rng)}[name]
+    _, function, exception, fragment, untouched = case
+    before = [a.tobytes() for a in untouched]
+    with pytest.raises(exception) as raised:
+        function()
+    assert fragment in str(raised.value)
+    assert [a.tobytes() for a in untouched] == before, "an output was written"
+
+
+# ---------------------------------------------------------------- coverage and the case count
+
+
+def declared_entry_points():
+    return set(re.findall(r"\bbitnet_status\s+bitnet_(\w+)\s*\(", _ffi._header_declarations()))
+
+
+@pytest.mark.cpu
+def test_every_entry_point_is_in_the_matrix(capsys):
+    covered = set(MUTATIONS) | {case[0] for case in RUNTIME_CASES} | {"stream_synchronize"}
+    missing = declared_entry_points() - covered
+    assert not missing, f"entry points without bad-input cases: {sorted(missing)}"
+    c_cpu = len(mutation_cases("cpu")) + len(RUNTIME_CASES)
+    c_gpu = len(mutation_cases("gpu"))
+    with capsys.disabled():
+        print(f"\n[bad-input matrix] {len(declared_entry_points())} entry points; C ABI: {c_cpu} "
+              f"CPU cases (tier 1), {c_gpu} GPU cases (tier 3); Python API: "
+              f"{len(PYTHON_CASE_NAMES)} cases (tier 1); known bugs: {len(KNOWN_BUGS)}")
+    assert c_cpu >= 250 and c_gpu >= 150 and len(PYTHON_CASE_NAMES) >= 60
+
+
+# ---------------------------------------------------------------- known library bugs
+
+
+# Each runs alone in a child process, because some of them crash it. The snippet prints the status
+# and message; the test asserts the behaviour the ABI promises, so it fails until the bug is fixed.
+KNOWN_BUGS = {
+    # bitnet_embedding checks V * (H * elem) but computes H * elem unchecked: H = 2^62 with float32
+    # wraps it to 0 and the check divides INT64_MAX by it (SIGFPE); H = 2^62 + 1 wraps it to 4 and
+    # the call returns BITNET_OK, copying 4 bytes per row.
+    "embedding H*4 wraps to 0": ("embedding", {"H": 1 << 62}, INVALID, "overflow"),
+    "embedding H*4 wraps to 4": ("embedding", {"H": (1 << 62) + 1}, INVALID, "overflow"),
+}
+
+CHILD = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+import test_bad_input_matrix as m
+mem = m.Memory(False)
+call = m.valid_call({entry!r}, mem, np.random.default_rng(0))
+status, message, before, after = m.run_call(mem, call, {changes!r})
+untouched = all(before[n] == after[n] for n in call.outputs)
+print(status, untouched, message)
+"""
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", sorted(KNOWN_BUGS))
+@pytest.mark.xfail(strict=True, reason="library bug reported by issue 7 (see KNOWN_BUGS)")
+def test_known_bug(name):
+    entry, changes, status, fragment = KNOWN_BUGS[name]
+    code = CHILD.format(tests=str(Path(__file__).parent), entry=entry, changes=changes)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert child.returncode == 0, f"the call crashed the process (exit {child.returncode})"
+    got_status, untouched, message = child.stdout.split(" ", 2)
+    assert int(got_status) == status and fragment in message and untouched == "True", child.stdout
+
+
+# ---------------------------------------------------------------- tier 3: C ABI on CUDA device 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", OP_ENTRIES)
+def test_the_valid_call_succeeds_on_the_gpu(entry, rng):
+    pytest.importorskip("torch")
+    mem = Memory(True)
+    call = valid_call(entry, mem, rng)
+    status, message, before, after = run_call(mem, call, {})
+    assert status == OK, message
+    assert any(after[n] != before[n] for n in call.outputs), "the valid call wrote nothing"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry,mutation", mutation_cases("gpu"))
+def test_gpu_op_mutation(entry, mutation, rng):
+    pytest.importorskip("torch")
+    check_mutation(Memory(True), entry, mutation, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("entry", [e for e in OP_ENTRIES if e != "attention_workspace_size"])
+def test_gpu_pointer_on_another_device(entry, rng):
+    """Arrays on device 0, the op asked to run on device 1."""
+    pytest.importorskip("torch")
+    mem = Memory(True)
+    call = valid_call(entry, mem, rng)
+    status, message, before, after = run_call(mem, call, {"device": 1})
+    assert status == INVALID and "is on CUDA device 0" in message, message
+    assert after == before
+
+
+@pytest.mark.gpu
+def test_gpu_python_api_rejects_host_and_mixed_memory(rng):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(3, 8, device="cuda")
+    w = torch.randn(8, device="cuda")
+    y = torch.full((3, 8), float("nan"), device="cuda")
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bn.rmsnorm(x, w.cpu().numpy(), out=y)
+    assert torch.isnan(y).all()
+    table = bn.DeviceArray.from_numpy(np.ones((5, 8), np.float32))
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bn.embedding(table, torch.zeros(3, dtype=torch.int32), out=np.zeros((3, 8), np.float32))
+    with pytest.raises(UnsupportedError, match="float32 runs on the CPU only"):
+        bn.relu2_gate(torch.ones(2, 4, device="cuda"))
+    with pytest.raises(NoDeviceError, match="does not exist"):
+        bn.DeviceArray((4,), "float32", torch.cuda.device_count())
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="library bug: DeviceArray wraps a shape whose element count "
+                                       "overflows int64 to 0 bytes and returns a NULL array")
+def test_gpu_device_array_with_an_overflowing_shape_is_refused():
+    with pytest.raises((InvalidArgumentError, OverflowError)):
+        bn.DeviceArray((1 << 32, 1 << 32), "uint8", 0)

@@ -1,0 +1,302 @@
+"""gemv_w2a8 against a float64/int64 numpy reference: every CPU SIMD path the machine runs (tier 1),
+the GPU against the CPU (tier 3), bad input at the C ABI and in Python, CUDA streams and graphs.
+
+Integer outputs are exact. Float outputs follow the rule y = float32(float32(dot) * w_scale) /
+x_scale, so float32 is compared bit for bit with that rule emulated in numpy and within 3e-7
+relative of the float64 reference (two float32 roundings); float16/bfloat16 are that float32 value
+rounded to nearest even."""
+import numpy as np
+import pytest
+
+import bitnet_ffi as bn
+from bitnet_ffi import _ffi
+from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
+
+PROJECTIONS_2B4T = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
+
+
+def ref_gemv(w_q, w_scales, x_q, x_scales):
+    """(exact int64 dot [N, M], float64 y [N, M])."""
+    dot = x_q.astype(np.int64) @ w_q.astype(np.int64).T
+    return dot, dot * w_scales.astype(np.float64)[None, :] / x_scales.astype(np.float64)[:, None]
+
+
+def float32_rule(dot, w_scales, x_scales):
+    return (dot.astype(np.float32) * w_scales[None, :]) / x_scales[:, None]
+
+
+def cast(y32, out_dtype):
+    if out_dtype == "bfloat16":
+        return y32.astype(pytest.importorskip("ml_dtypes").bfloat16)
+    return y32.astype(out_dtype)
+
+
+def make_problem(rng, M, K, N):
+    w_q = rng.integers(-1, 2, (M, K), dtype=np.int8)
+    w_scales = rng.uniform(0.01, 2.0, M).astype(np.float32)
+    x_q = rng.integers(-128, 128, (N, K), dtype=np.int8)
+    x_q[0, :64] = -128                      # activation extremes
+    x_q[-1, 64:128] = 127
+    x_scales = rng.uniform(1.0, 300.0, N).astype(np.float32)
+    return w_q, w_scales, x_q, x_scales
+
+
+def cpu_isas():
+    lib, isas = _ffi.lib(), []
+    for index, name in enumerate(bn.ternary.CPU_ISAS[1:], start=1):
+        if lib.bitnet_cpu_set_isa(index) == 0:
+            isas.append(name)
+    lib.bitnet_cpu_set_isa(0)
+    return isas
+
+
+@pytest.fixture(params=["portable", "avx2", "avx512-vnni"])
+def isa(request):
+    if request.param not in cpu_isas():
+        pytest.skip(f"this CPU cannot run the {request.param} path")
+    bn.set_cpu_isa(request.param)
+    assert bn.cpu_isa() == request.param
+    yield request.param
+    bn.set_cpu_isa("auto")
+
+
+def check_outputs(tw, w_q, w_scales, x_q, x_scales, dtypes=("int32", "float32", "float16",
+                                                             "bfloat16")):
+    dot, y64 = ref_gemv(w_q, w_scales, x_q, x_scales)
+    y32 = float32_rule(dot, w_scales, x_scales)
+    for out_dtype in dtypes:
+        out = np.full(dot.shape, 0x7F, dtype=bn._arrays.numpy_dtype(out_dtype))  # poison
+        y = bn.gemv_w2a8(tw, x_q, x_scales, out_dtype=out_dtype, out=out)
+        assert y is out
+        if out_dtype == "int32":
+            np.testing.assert_array_equal(y, dot)
+        elif out_dtype == "float32":
+            np.testing.assert_array_equal(y, y32)
+            np.testing.assert_allclose(y, y64, rtol=3e-7, atol=0)
+        else:
+            np.testing.assert_array_equal(y.view(np.uint16), cast(y32, out_dtype).view(np.uint16))
+
+
+# ---------------------------------------------------------------- tier 1: CPU
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("M,K,N", [(1, 128, 1), (7, 384, 3), (333, 2560, 8), (333, 1280, 16),
+                                   (64, 640, 33), (3840, 2560, 1)])
+def test_gemv_cpu_matches_reference(rng, isa, M, K, N):
+    w_q, w_scales, x_q, x_scales = make_problem(rng, M, K, N)
+    check_outputs(bn.pack_ternary(w_q, w_scales), w_q, w_scales, x_q, x_scales)
+
+
+@pytest.mark.cpu
+def test_gemv_cpu_2b4t_projections_int32(rng):
+    for M, K in PROJECTIONS_2B4T[1:2] + PROJECTIONS_2B4T[3:]:
+        w_q, w_scales, x_q, x_scales = make_problem(rng, M, K, 3)
+        check_outputs(bn.pack_ternary(w_q, w_scales), w_q, w_scales, x_q, x_scales, ("int32",))
+
+
+@pytest.mark.cpu
+def test_gemv_extreme_dots(isa):
+    """All weights +1 or -1 against all -128 / 127: the largest dots of either sign."""
+    K = 4096
+    w_q = np.stack([np.ones(K, np.int8), -np.ones(K, np.int8), np.zeros(K, np.int8)])
+    x_q = np.stack([np.full(K, -128, np.int8), np.full(K, 127, np.int8)])
+    tw = bn.pack_ternary(w_q, 1.0)
+    y = bn.gemv_w2a8(tw, x_q, np.ones(2, np.float32), out_dtype="int32")
+    np.testing.assert_array_equal(y, [[-128 * K, 128 * K, 0], [127 * K, -127 * K, 0]])
+
+
+@pytest.mark.cpu
+def test_gemv_1d_and_quantized_pipeline(rng):
+    """quantize_i2s + quantize_a8 + gemv on a 1-D x approximates the float matmul."""
+    w = rng.standard_normal((333, 1024)).astype(np.float32)
+    x = rng.standard_normal(1024).astype(np.float32)
+    tw = bn.quantize_i2s(w)
+    x_q, s = bn.quantize_a8(x)
+    y = bn.gemv_w2a8(tw, x_q, s)
+    assert y.shape == (333,)
+    dot, y64 = ref_gemv(tw.unpack(), tw.scales, x_q[None, :], s)
+    np.testing.assert_allclose(y, y64[0], rtol=3e-7)
+    # quantization error of ternary weights: loose, only checks the scale conventions
+    assert np.corrcoef(y, w @ x)[0, 1] > 0.7
+
+
+@pytest.mark.cpu
+def test_cpu_isa_selection():
+    lib = _ffi.lib()
+    assert lib.bitnet_cpu_set_isa(4) == 1 and "not 0 (auto)" in _ffi.last_error()
+    assert lib.bitnet_cpu_set_isa(-1) == 1
+    for index, name in enumerate(bn.ternary.CPU_ISAS[1:], start=1):
+        status = lib.bitnet_cpu_set_isa(index)
+        if status == 0:
+            assert bn.cpu_isa() == name
+        else:
+            assert status == 2 and "cannot run" in _ffi.last_error()
+    bn.set_cpu_isa("auto")
+    assert bn.cpu_isa() == cpu_isas()[-1]
+    with pytest.raises(InvalidArgumentError):
+        bn.set_cpu_isa("sse9")
+
+
+def c_gemv(w, ws, M, K, x, xs, N, y, y_dtype, device=-1, stream=None):
+    ffi = _ffi.ffi
+    status = _ffi.lib().bitnet_gemv_w2a8(
+        device, ffi.cast("uint8_t *", w), ffi.cast("float *", ws), M, K, ffi.cast("int8_t *", x),
+        ffi.cast("float *", xs), N, ffi.cast("void *", y), y_dtype,
+        ffi.cast("void *", stream or 0))
+    return int(status), _ffi.last_error()
+
+
+@pytest.mark.cpu
+def test_gemv_bad_input_c_abi(rng):
+    M, K, N = 16, 256, 2
+    w = np.zeros((M, K // 4), np.uint8)
+    ws = np.ones(M, np.float32)
+    x = np.zeros((N, K), np.int8)
+    xs = np.ones(N, np.float32)
+    y = np.full((N, M), -7, np.int32)
+    p = lambda a: a.ctypes.data  # noqa: E731
+    cases = [
+        (c_gemv(p(w), p(ws), M, 200, p(x), p(xs), N, p(y), 4), 2, "multiple of 128"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), 0, p(y), 4), 1, "N must be"),
+        (c_gemv(p(w), p(ws), 0, K, p(x), p(xs), N, p(y), 4), 1, "M must be"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 99), 1, "not a bitnet_dtype"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 3), 2, "int8"),
+        (c_gemv(0, p(ws), M, K, p(x), p(xs), N, p(y), 4), 1, "w_packed is NULL"),
+        (c_gemv(p(w), p(ws), M, K, p(x), 0, N, p(y), 4), 1, "x_scales is NULL"),
+        (c_gemv(p(w) + 4, p(ws), M, K, p(x), p(xs), N, p(y), 4), 1, "not aligned"),
+        (c_gemv(p(w), p(ws), M, K, p(x) + 8, p(xs), N, p(y), 4), 1, "not aligned"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y) + 2, 4), 1, "not aligned"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), 2 ** 60, p(y), 4), 1, "overflow"),
+        (c_gemv(p(w), p(ws), 2 ** 61, K, p(x), p(xs), N, p(y), 4), 1, "overflow"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 4, device=-7), 1, "neither"),
+    ]
+    for (status, message), want_status, want_text in cases:
+        assert status == want_status and want_text in message, (status, message, want_text)
+    assert np.all(y == -7)
+
+
+@pytest.mark.cpu
+def test_gemv_python_bad_input(rng):
+    w_q, w_scales, x_q, x_scales = make_problem(rng, 8, 256, 2)
+    tw = bn.pack_ternary(w_q, w_scales)
+    out = np.full((2, 8), np.nan, np.float32)
+    with pytest.raises(InvalidArgumentError, match="TernaryWeights"):
+        bn.gemv_w2a8(tw.packed, x_q, x_scales)
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.gemv_w2a8(tw, x_q.astype(np.int32), x_scales, out=out)
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.gemv_w2a8(tw, np.ascontiguousarray(x_q[:, :128]), x_scales, out=out)
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.gemv_w2a8(tw, x_q, x_scales[:1], out=out)
+    with pytest.raises(InvalidArgumentError, match="out_dtype"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int8")
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out=np.zeros((2, 9), np.float32))
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out=np.zeros((2, 8), np.float16))
+    assert np.all(np.isnan(out))
+
+
+# ---------------------------------------------------------------- tier 3: GPU
+
+
+def torch_problem(torch, rng, M, K, N):
+    w_q, w_scales, x_q, x_scales = make_problem(rng, M, K, N)
+    tw_cpu = bn.pack_ternary(w_q, w_scales)
+    tw = bn.TernaryWeights(torch.from_numpy(tw_cpu.packed).cuda(), torch.from_numpy(w_scales).cuda())
+    return tw, tw_cpu, torch.from_numpy(x_q).cuda(), torch.from_numpy(x_scales).cuda(), x_q, x_scales
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,K", PROJECTIONS_2B4T + [(1, 128), (7, 384), (333, 27648)])
+@pytest.mark.parametrize("N", [1, 3, 8, 16, 33])
+def test_gemv_gpu_matches_cpu(rng, M, K, N):
+    torch = pytest.importorskip("torch")
+    tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, M, K, N)
+    for out_dtype in ("int32", "float32", "float16", "bfloat16"):
+        out = torch.full((N, M), 0x7F, dtype=getattr(torch, out_dtype), device="cuda")
+        bn.gemv_w2a8(tw, x_gpu, xs_gpu, out_dtype=out_dtype, out=out)
+        want = bn.gemv_w2a8(tw_cpu, x_q, x_scales, out_dtype=out_dtype)
+        got = out.cpu()
+        if out_dtype in ("float16", "bfloat16"):
+            got, want = got.view(torch.int16).numpy(), want.view(np.int16)
+        np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,K", [(55296, 5120), (5120, 27648), (20480, 3200)])
+@pytest.mark.parametrize("N", [1, 8])
+def test_gemv_gpu_large_shapes_int32(rng, M, K, N):
+    torch = pytest.importorskip("torch")
+    tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, M, K, N)
+    got = bn.gemv_w2a8(tw, x_gpu, xs_gpu, out_dtype="int32").cpu().numpy()
+    np.testing.assert_array_equal(got, bn.gemv_w2a8(tw_cpu, x_q, x_scales, out_dtype="int32"))
+
+
+@pytest.mark.gpu
+def test_gemv_gpu_device_array_and_quantized_inputs(rng):
+    w = rng.standard_normal((2560, 6912)).astype(np.float32)
+    x = rng.standard_normal((3, 6912)).astype(np.float32)
+    tw = bn.quantize_i2s(bn.DeviceArray.from_numpy(w))
+    x_q, s = bn.quantize_a8(bn.DeviceArray.from_numpy(x))
+    y = bn.gemv_w2a8(tw, x_q, s, out_dtype="int32")
+    assert isinstance(y, bn.DeviceArray)
+    tw_cpu = tw.to("cpu")
+    np.testing.assert_array_equal(y.numpy(), bn.gemv_w2a8(tw_cpu, x_q.numpy(), s.numpy(),
+                                                           out_dtype="int32"))
+
+
+@pytest.mark.gpu
+def test_gemv_gpu_on_torch_stream_and_graph(rng):
+    torch = pytest.importorskip("torch")
+    M, K = 13824, 2560
+    tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, M, K, 1)
+    want = bn.gemv_w2a8(tw_cpu, x_q, x_scales)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        x_late = x_gpu.clone()
+        torch.cuda._sleep(1_000_000)           # keeps the stream busy: the gemv must wait for it
+        x_late.copy_(x_gpu)
+        y = bn.gemv_w2a8(tw, x_late, xs_gpu)
+    stream.synchronize()
+    np.testing.assert_array_equal(y.cpu().numpy(), want)
+
+    out = torch.zeros((1, M), device="cuda")
+    x_in = torch.zeros_like(x_gpu)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bn.gemv_w2a8(tw, x_in, xs_gpu, out=out)
+    x_in.copy_(x_gpu)
+    graph.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(out.cpu().numpy(), want)
+
+
+@pytest.mark.gpu
+def test_gemv_gpu_bad_input(rng):
+    torch = pytest.importorskip("torch")
+    tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, 64, 256, 2)
+    out = torch.full((2, 64), -7, dtype=torch.int32, device="cuda")
+    status, message = c_gemv(tw.packed.data_ptr(), tw.scales.data_ptr(), 64, 256, x_q.ctypes.data,
+                             xs_gpu.data_ptr(), 2, out.data_ptr(), 4, device=0)
+    assert status == 1 and "host memory" in message
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int32")
+    with pytest.raises(UnsupportedError, match="multiple of 128"):
+        bn.gemv_w2a8(bn.TernaryWeights(tw.packed[:, :24].contiguous(), tw.scales),
+                     x_gpu[:, :96].contiguous(), xs_gpu)
+    assert bool((out == -7).all())
+
+
+@pytest.mark.perf
+def test_perf_gemv_13824x2560(benchmark, cuda, rng):
+    torch = pytest.importorskip("torch")
+    tw, _, x_gpu, xs_gpu, _, _ = torch_problem(torch, rng, 13824, 2560, 1)
+    out = torch.empty((1, 13824), device="cuda")
+
+    def run():
+        bn.gemv_w2a8(tw, x_gpu, xs_gpu, out=out)
+        torch.cuda.synchronize()
+
+    benchmark(run)

@@ -1,0 +1,175 @@
+"""The output head (dense bfloat16 GEMV), argmax and embedding, and graph capture through
+libbitnet's own streams: CPU vs the float64 reference (tier 1), GPU vs CPU and reference (tier 3)."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import bitnet_ffi
+from bitnet_ffi import _ffi
+from bitnet_ffi.errors import InvalidArgumentError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def reference_gemv(w, x):
+    return x.astype(np.float64) @ w.astype(np.float64).T
+
+
+def rel_error(got, want):
+    return np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want)
+
+
+def random_bf16(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(BF16)
+
+
+# float32 accumulation over K products of bfloat16 values: the sum's rounding error is far under
+# 1e-5 relative; a bfloat16 output adds its own rounding (2^-9 relative).
+BOUND = {"float32": 1e-5, "bfloat16": 4e-3}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("M,K,N", [(1, 8, 1), (333, 2560, 1), (1000, 104, 3), (77, 2560, 9)])
+@pytest.mark.parametrize("x_dtype,out_dtype", [("bfloat16", "float32"), ("float32", "float32"),
+                                               ("bfloat16", "bfloat16")])
+def test_gemv_bf16_cpu_matches_reference(rng, M, K, N, x_dtype, out_dtype):
+    w = random_bf16(rng, (M, K))
+    x = rng.standard_normal((N, K)).astype(BF16 if x_dtype == "bfloat16" else np.float32)
+    out = np.full((N, M), np.nan, dtype=BF16 if out_dtype == "bfloat16" else np.float32)
+    y = bitnet_ffi.gemv_bf16(w, x, out_dtype=out_dtype, out=out)
+    assert y is out and np.isfinite(y.astype(np.float32)).all()
+    assert rel_error(y, reference_gemv(w, x)) < BOUND[out_dtype]
+
+
+@pytest.mark.cpu
+def test_gemv_bf16_one_token_vector(rng):
+    w, x = random_bf16(rng, (50, 64)), random_bf16(rng, (64,))
+    y = bitnet_ffi.gemv_bf16(w, x)
+    assert y.shape == (50,) and y.dtype == np.float32
+    assert rel_error(y, reference_gemv(w, x[None])[0]) < BOUND["float32"]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("N,M", [(1, 1), (3, 128256), (5, 1001)])
+def test_argmax_cpu_matches_numpy(rng, N, M):
+    x = rng.standard_normal((N, M)).astype(np.float32)
+    x[0, rng.integers(M)] = 1e30
+    np.testing.assert_array_equal(bitnet_ffi.argmax(x), np.argmax(x, axis=1))
+
+
+@pytest.mark.cpu
+def test_argmax_ties_and_nan_follow_numpy():
+    x = np.array([[1, 5, 5, 2], [np.nan, 9, np.nan, 1], [-np.inf, -np.inf, -np.inf, -np.inf],
+                  [3, 2, 1, np.nan]], dtype=np.float32)
+    out = np.full(4, -7, dtype=np.int32)
+    bitnet_ffi.argmax(x, out=out)
+    np.testing.assert_array_equal(out, np.argmax(x, axis=1))
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+def test_embedding_cpu(rng, dtype):
+    table = rng.standard_normal((1000, 72)).astype(dtype)
+    ids = np.array([999, 0, 17, 17], dtype=np.int32)
+    np.testing.assert_array_equal(bitnet_ffi.embedding(table, ids), table[ids])
+
+
+@pytest.mark.cpu
+def test_bad_inputs_leave_outputs_untouched(rng):
+    w, x = random_bf16(rng, (10, 16)), random_bf16(rng, (2, 16))
+    out = np.full((2, 10), 7.0, dtype=np.float32)
+    cases = [
+        (lambda: bitnet_ffi.gemv_bf16(w.astype(np.float32), x, out=out), "w: expected dtype bfloat16"),
+        (lambda: bitnet_ffi.gemv_bf16(w, x[:1], out=out), r"out: expected shape \[1, 10\]"),
+        (lambda: bitnet_ffi.gemv_bf16(w, random_bf16(rng, (2, 24)), out=out), r"x: expected shape \[2, 16\]"),
+        (lambda: bitnet_ffi.gemv_bf16(w, x, out=out[:, :5]), "out: the array is not C-contiguous"),
+        (lambda: bitnet_ffi.gemv_bf16(w, x, out_dtype="int8"), "out_dtype must be"),
+        (lambda: bitnet_ffi.gemv_bf16(w[:, ::2], x, out=out), "not C-contiguous"),
+        (lambda: bitnet_ffi.embedding(w, [0, 10]), r"ids\[1\] = 10 is outside \[0, 10\)"),
+        (lambda: bitnet_ffi.embedding(w, [-1]), r"ids\[0\] = -1"),
+        (lambda: bitnet_ffi.argmax(x), "x: expected dtype float32"),
+    ]
+    for call, message in cases:
+        with pytest.raises(InvalidArgumentError, match=message):
+            call()
+    assert (out == 7.0).all()
+
+
+@pytest.mark.cpu
+def test_c_abi_rejects_bad_arguments():
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    w = np.ones((4, 12), dtype=BF16)
+    x = np.ones((1, 12), dtype=BF16)
+    y = np.full((1, 4), 3.0, dtype=np.float32)
+    ids = np.array([5], dtype=np.int32)
+    table = np.ones((4, 8), dtype=np.float32)
+    emb = np.full((1, 8), 3.0, dtype=np.float32)
+    p = lambda a, off=0: ffi.cast("void *", a.ctypes.data + off)  # noqa: E731
+    cases = [
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 4, 12, p(x), 2, 1, p(y), 0, ffi.NULL), "multiple of 8"),
+        (lambda: lib.bitnet_gemv_bf16(-1, ffi.NULL, 4, 16, p(x), 2, 1, p(y), 0, ffi.NULL), "w is NULL"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w, 2), 4, 8, p(x), 2, 1, p(y), 0, ffi.NULL), "not aligned"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 4, 8, p(x), 9, 1, p(y), 0, ffi.NULL), "x dtype"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 4, 8, p(x), 2, 1, p(y), 3, ffi.NULL), "y dtype"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 1 << 62, 8, p(x), 2, 1, p(y), 0, ffi.NULL), "overflow"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 0, 8, p(x), 2, 1, p(y), 0, ffi.NULL), "must be positive"),
+        (lambda: lib.bitnet_argmax(-1, ffi.cast("float *", y.ctypes.data), 1, -4,
+                           ffi.cast("int32_t *", ids.ctypes.data), ffi.NULL), "must be positive"),
+        (lambda: lib.bitnet_embedding(-1, 0, p(table), 4, 8, ffi.cast("int32_t *", ids.ctypes.data), 1,
+                              p(emb), ffi.NULL), "ids[0] = 5 is outside [0, 4)"),
+        (lambda: lib.bitnet_embedding(-1, 3, p(table), 4, 8, ffi.cast("int32_t *", ids.ctypes.data), 1,
+                              p(emb), ffi.NULL), "dtype must be float32"),
+    ]
+    for call, message in cases:
+        assert call() == lib.BITNET_ERR_INVALID_ARGUMENT
+        assert message in _ffi.last_error()
+    assert (y == 3.0).all() and (emb == 3.0).all() and ids[0] == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,K,N", [(128256, 2560, 1), (1001, 2560, 8), (77, 136, 11)])
+def test_gemv_bf16_gpu_matches_cpu_and_reference(rng, M, K, N):
+    torch = pytest.importorskip("torch")
+    w, x = random_bf16(rng, (M, K)), random_bf16(rng, (N, K))
+    cpu = bitnet_ffi.gemv_bf16(w, x)
+    wt = torch.from_numpy(w.view(np.int16)).cuda().view(torch.bfloat16)
+    xt = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+    out = torch.full((N, M), float("nan"), device="cuda")
+    gpu = bitnet_ffi.gemv_bf16(wt, xt, out=out).cpu().numpy()
+    ref = reference_gemv(w, x)
+    assert rel_error(gpu, ref) < BOUND["float32"] and rel_error(cpu, ref) < BOUND["float32"]
+    assert np.isfinite(gpu).all()
+
+
+@pytest.mark.gpu
+def test_argmax_and_embedding_gpu_match_cpu(rng):
+    torch = pytest.importorskip("torch")
+    x = rng.standard_normal((8, 128256)).astype(np.float32)
+    x[3, :] = 2.0  # all ties: the first index wins
+    x[5, 100] = np.nan
+    idx = bitnet_ffi.argmax(torch.from_numpy(x).cuda()).cpu().numpy()
+    np.testing.assert_array_equal(idx, np.argmax(x, axis=1))
+    table = random_bf16(rng, (1000, 2560))
+    ids = rng.integers(0, 1000, size=9).astype(np.int32)
+    table_t = torch.from_numpy(table.view(np.int16)).cuda().view(torch.bfloat16)
+    got = bitnet_ffi.embedding(table_t, torch.from_numpy(ids).cuda())
+    np.testing.assert_array_equal(got.view(torch.int16).cpu().numpy(), table[ids].view(np.int16))
+    bad = bitnet_ffi.embedding(table_t, torch.tensor([1, 5000], dtype=torch.int32, device="cuda"))
+    assert torch.isnan(bad[1].float()).all() and torch.equal(bad[0], table_t[1])
+
+
+@pytest.mark.gpu
+def test_graph_capture_replays_the_ops(rng):
+    w, x = random_bf16(rng, (4096, 2560)), random_bf16(rng, (1, 2560))
+    wd, xd = bitnet_ffi.DeviceArray.from_numpy(w), bitnet_ffi.DeviceArray.from_numpy(x)
+    logits = bitnet_ffi.DeviceArray((1, 4096), "float32")
+    index = bitnet_ffi.DeviceArray((1,), "int32")
+    stream = bitnet_ffi.Stream(0)
+    with bitnet_ffi.Graph.capture(stream) as graph:
+        bitnet_ffi.gemv_bf16(wd, xd, out=logits, stream=stream)
+        bitnet_ffi.argmax(logits, out=index, stream=stream)
+    _ffi.call("memset", _ffi.ffi.cast("void *", index.ptr), 0xFF, 4, stream.handle)
+    graph.launch()
+    stream.synchronize()
+    assert index.numpy()[0] == np.argmax(reference_gemv(w, x)[0])
+    assert graph.time_ms(5) > 0

@@ -1,0 +1,170 @@
+"""Benchmark: bitnet_ffi.attention against torch SDPA (enable_gqa=True) on the same GPU, one process.
+
+Decode: bf16, 20 query heads, 5 KV heads, head_dim 128, one new token per sequence over a full cache;
+GB/s counts the K and V bytes read (2 * B * L * Hkv * D * 2), and % is of the read bandwidth measured
+in the same run (torch.sum over 2 GiB). Prefill: causal self-attention over L tokens, 20 heads,
+TFLOP/s from 2 * L^2 * D * H causal FLOPs. Every figure is the median over 7 replays of a CUDA graph
+of `--calls` calls, rotating through input sets totalling >= 512 MiB so L2 (50 MiB) is cold.
+
+    python tools/bench_attention.py [--json results.json] [--quick]
+"""
+import argparse
+import json
+import math
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import bitnet_ffi
+
+HQ, HKV, D = 20, 5, 128
+ROTATE_BYTES = 512 << 20
+DECODE_CASES = [(1, 1024), (1, 4096), (1, 32768), (8, 4096), (8, 32768), (1, 131072)]
+PREFILL_CASES = [1024, 4096, 16384]
+
+
+def graph_time_us(calls_of, n_sets, calls, repeats=7):
+    """Median µs per call of a CUDA graph that makes `calls` calls, call i using input set i % n_sets."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(n_sets):       # warm-up outside the graph (allocations, lazy init)
+            calls_of(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            calls_of(i % n_sets)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def read_bandwidth_gbps():
+    buffer = torch.ones(1 << 30, dtype=torch.bfloat16, device="cuda")  # 2 GiB
+    result = torch.empty((), dtype=torch.float32, device="cuda")
+    us = graph_time_us(lambda _: torch.sum(buffer, dim=0, dtype=torch.float32, out=result), 1, 10)
+    del buffer
+    return (2 << 30) / us / 1e3
+
+
+def bench_decode(B, L, calls, read_bw):
+    kv_bytes = 2 * B * L * HKV * D * 2
+    n_sets = max(1, math.ceil(ROTATE_BYTES / kv_bytes))
+    ours, theirs = [], []
+    for _ in range(n_sets):
+        q = torch.randn(B, 1, HQ, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(B, L, HKV, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(B, L, HKV, D, dtype=torch.bfloat16, device="cuda")
+        ours.append((q, k, v, torch.empty_like(q)))
+        # torch's own layout [B, H, S, D], contiguous
+        theirs.append(tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)))
+    ws = torch.empty(bitnet_ffi.attention_workspace_size(0, B, 1, HQ, HKV, D, L), dtype=torch.uint8,
+                     device="cuda")
+    out_t = torch.empty(B, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
+
+    def run_ours(i):
+        q, k, v, out = ours[i]
+        bitnet_ffi.attention(q, k, v, causal=True, out=out, workspace=ws)
+
+    def run_torch(i):
+        q, k, v = theirs[i]
+        out_t.copy_(F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+    run_ours(0)
+    ref = F.scaled_dot_product_attention(*theirs[0], enable_gqa=True).transpose(1, 2)
+    err = (ours[0][3].float() - ref.float()).abs().max().item()
+    us_ours = graph_time_us(run_ours, n_sets, calls)
+    us_torch = graph_time_us(run_torch, n_sets, calls)
+    gbps_ours, gbps_torch = kv_bytes / us_ours / 1e3, kv_bytes / us_torch / 1e3
+    return dict(kind="decode", B=B, L=L, us=us_ours, gbps=gbps_ours, pct_read_bw=100 * gbps_ours / read_bw,
+                torch_us=us_torch, torch_gbps=gbps_torch, torch_pct_read_bw=100 * gbps_torch / read_bw,
+                max_abs_diff_vs_torch=err)
+
+
+def bench_prefill(L, calls):
+    set_bytes = L * (HQ + 2 * HKV) * D * 2
+    n_sets = max(2, min(8, math.ceil(ROTATE_BYTES / set_bytes)))
+    ours, theirs = [], []
+    for _ in range(n_sets):
+        q = torch.randn(1, L, HQ, D, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(1, L, HKV, D, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(1, L, HKV, D, dtype=torch.bfloat16, device="cuda")
+        ours.append((q, k, v, torch.empty_like(q)))
+        theirs.append(tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)))
+    out_t = torch.empty(1, HQ, L, D, dtype=torch.bfloat16, device="cuda")
+
+    def run_ours(i):
+        q, k, v, out = ours[i]
+        bitnet_ffi.attention(q, k, v, causal=True, out=out)
+
+    def run_torch(i):
+        q, k, v = theirs[i]
+        out_t.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+
+    run_ours(0)
+    ref = F.scaled_dot_product_attention(*theirs[0], is_causal=True, enable_gqa=True).transpose(1, 2)
+    err = (ours[0][3].float() - ref.float()).abs().max().item()
+    flops = 2 * L * L * D * HQ
+    us_ours = graph_time_us(run_ours, n_sets, calls)
+    us_torch = graph_time_us(run_torch, n_sets, calls)
+    return dict(kind="prefill", B=1, L=L, us=us_ours, tflops=flops / us_ours / 1e6, torch_us=us_torch,
+                torch_tflops=flops / us_torch / 1e6, max_abs_diff_vs_torch=err)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--calls", type=int, default=50, help="calls per CUDA graph")
+    parser.add_argument("--quick", action="store_true", help="skip the largest cases")
+    parser.add_argument("--only", choices=("decode", "prefill"), help="run one kind of case")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    name = torch.cuda.get_device_name()
+    read_bw = read_bandwidth_gbps()
+    results = []
+    for B, L in DECODE_CASES if args.only != "prefill" else []:
+        if args.quick and B * L > 8 * 32768 // 2:
+            continue
+        results.append(bench_decode(B, L, args.calls, read_bw))
+        torch.cuda.empty_cache()
+    for L in PREFILL_CASES if args.only != "decode" else []:
+        if args.quick and L > 4096:
+            continue
+        results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024))))
+        torch.cuda.empty_cache()
+
+    print(f"\n{name}, torch {torch.__version__}, read bandwidth {read_bw:.0f} GB/s (torch.sum, 2 GiB)\n")
+    print("Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)\n")
+    print("| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        if r["kind"] == "decode":
+            print(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | {r['pct_read_bw']:.0f}% | "
+                  f"{r['torch_us']:.2f} | {r['torch_gbps']:.0f} | {r['torch_pct_read_bw']:.0f}% | "
+                  f"{r['max_abs_diff_vs_torch']:.3g} |")
+    print("\nCausal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)\n")
+    print("| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        if r["kind"] == "prefill":
+            print(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {r['torch_us']:.1f} | "
+                  f"{r['torch_tflops']:.0f} | {r['max_abs_diff_vs_torch']:.3g} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=name, torch=torch.__version__, read_bandwidth_gbps=read_bw,
+                           results=results), f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Benchmark of the W2A8 GEMV and the ternary/int8 quantizers, side by side with torch bf16 F.linear
+and with Microsoft's BitNet kernel (figures of /work/shared/ANCHORS.md, same H100 model).
+
+GPU (default): every figure is the median of 7 replays of a CUDA graph of many calls; "cold" calls
+rotate through copies of the weights totalling >= 512 MiB (> 4x the 50 MiB L2), so no call finds
+its weights in L2. Read bandwidth is measured in the same run (torch.sum over 2 GiB, graph-timed).
+Bytes counted for the GEMV: M*K/4 packed weights + N*K int8 x + 4*N*M output.
+  python tools/bench_gemv.py [--json PATH]
+CPU (--cpu): GB/s of the packed-weight stream against a numpy memcpy of 1 GiB, and the time of the
+numpy reference of the tests at the same shape.
+  python tools/bench_gemv.py --cpu [--json PATH]
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+
+import numpy as np
+
+import bitnet_ffi as bn
+
+ROTATE_BYTES = 512 << 20
+REPLAYS = 7
+
+# Microsoft's W2A8 kernel, batch 1, cold, and torch bf16 cold, from ANCHORS.md (H100, CUDA 13.0).
+ANCHORS = {  # (M, K): (microsoft cold us, torch bf16 cold us)
+    (2560, 2560): (5.48, 7.81), (3840, 2560): (5.41, 9.60), (13824, 2560): (8.95, 27.07),
+    (2560, 6912): (10.48, 17.08), (3200, 3200): (6.05, 12.63), (4800, 3200): (6.12, 13.68),
+    (3200, 10240): (14.39, 27.41), (20480, 3200): (12.87, 48.48), (5120, 27648): (48.77, 101.80),
+    (55296, 5120): (43.05, 198.81),
+}
+PROJECTIONS_2B4T = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
+MICROSOFT_2B4T_US = 30.3
+
+
+def graph_time_us(torch, body, calls):
+    """Median time of one call: `body()` captured once in a graph that makes `calls` calls."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        body()  # warm-up outside the graph (lazy loading, allocator)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    for _ in range(2):
+        graph.replay()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def read_bandwidth_gbps(torch):
+    buffer = torch.ones(2 << 30 >> 2, dtype=torch.float32, device="cuda")
+    us = graph_time_us(torch, lambda: [buffer.sum() for _ in range(5)], 5)
+    return buffer.numel() * 4 / us / 1e3
+
+
+def random_packed(torch, M, K, copies):
+    """`copies` packed weight matrices of valid codes (0..2 in every 2-bit field)."""
+    def one():
+        codes = torch.randint(0, 3, (4, M, K // 4), dtype=torch.uint8, device="cuda")
+        return codes[0] | codes[1] << 2 | codes[2] << 4 | codes[3] << 6
+    return [one() for _ in range(copies)]
+
+
+def bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=True):
+    copies = max(1, math.ceil(ROTATE_BYTES / (M * K // 4)))
+    weights = [bn.TernaryWeights(p, torch.rand(M, device="cuda") + 0.5)
+               for p in random_packed(torch, M, K, copies)]
+    x_q = torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda")
+    x_s = torch.rand(N, device="cuda") + 1.0
+    y = torch.empty((N, M), dtype=torch.float32, device="cuda")
+    calls = max(copies, 20)
+    us = graph_time_us(torch, lambda: [bn.gemv_w2a8(weights[i % copies], x_q, x_s, out=y)
+                                       for i in range(calls)], calls)
+    nbytes = M * K // 4 + N * K + 4 * N * M
+    gbps = nbytes / us / 1e3
+    del weights
+    row = {"op": "gemv_w2a8", "M": M, "K": K, "N": N, "us": us, "GBps": gbps,
+           "pct_read_bw": 100 * gbps / read_gbps}
+    if (M, K) in ANCHORS and N == 1:
+        row["microsoft_cold_us"] = ANCHORS[(M, K)][0]
+        row["speedup_vs_microsoft"] = ANCHORS[(M, K)][0] / us
+    if not with_torch:
+        return row
+    bf16_copies = max(1, math.ceil(ROTATE_BYTES / (2 * M * K)))
+    dense = [torch.randn(M, K, dtype=torch.bfloat16, device="cuda") for _ in range(bf16_copies)]
+    x = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
+    calls = max(bf16_copies, 20)
+    torch_us = graph_time_us(torch, lambda: [torch.nn.functional.linear(x, dense[i % bf16_copies])
+                                             for i in range(calls)], calls)
+    del dense
+    row["torch_bf16_us"], row["speedup_vs_torch"] = torch_us, torch_us / us
+    return row
+
+
+def bench_2b4t(torch, read_gbps):
+    layer_bytes = sum(M * K // 4 for M, K in PROJECTIONS_2B4T)
+    layers = math.ceil(ROTATE_BYTES / layer_bytes)
+    weights = [[bn.TernaryWeights(random_packed(torch, M, K, 1)[0], torch.rand(M, device="cuda"))
+                for M, K in PROJECTIONS_2B4T] for _ in range(layers)]
+    xs = {K: torch.randint(-128, 128, (1, K), dtype=torch.int8, device="cuda") for _, K in PROJECTIONS_2B4T}
+    x_s = torch.ones(1, device="cuda")
+    ys = [torch.empty((1, M), device="cuda") for M, _ in PROJECTIONS_2B4T]
+
+    def body():
+        for layer in weights:
+            for j, (M, K) in enumerate(PROJECTIONS_2B4T):
+                bn.gemv_w2a8(layer[j], xs[K], x_s, out=ys[j])
+
+    us = graph_time_us(torch, body, layers)
+    return {"op": "2B4T layer: 4 projections back to back", "us": us,
+            "GBps": layer_bytes / us / 1e3, "pct_read_bw": 100 * layer_bytes / us / 1e3 / read_gbps,
+            "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
+
+
+def bench_quantizers(torch, read_gbps):
+    rows = []
+    M, K = 16384, 4096  # 256 MiB of float32
+    w = torch.randn(M, K, device="cuda")
+    us = graph_time_us(torch, lambda: bn.quantize_i2s(w, row_segments=[M // 2, M // 2]), 1)
+    nbytes = 2 * w.numel() * 4 + M * K // 4  # W is read twice: the scale needs the whole tensor
+    rows.append({"op": "quantize_i2s f32 [16384, 4096]", "us": us, "GBps": nbytes / us / 1e3,
+                 "pct_read_bw": 100 * nbytes / us / 1e3 / read_gbps,
+                 "note": "bytes = 2 reads of W + packed write"})
+    us = graph_time_us(torch, lambda: bn.quantize_a8(w), 1)
+    nbytes = w.numel() * 4 + w.numel() + 4 * M
+    rows.append({"op": "quantize_a8 f32 [16384, 4096]", "us": us, "GBps": nbytes / us / 1e3,
+                 "pct_read_bw": 100 * nbytes / us / 1e3 / read_gbps,
+                 "note": "bytes = read x + write x_q (the second read of each row hits L2)"})
+    return rows
+
+
+def run_gpu(quick, gemv_only):
+    import torch
+    read_gbps = read_bandwidth_gbps(torch)
+    print(f"read bandwidth (torch.sum over 2 GiB): {read_gbps:.0f} GB/s", flush=True)
+    rows = []
+    shapes = list(ANCHORS) if not quick else [(13824, 2560), (55296, 5120)]
+    for M, K in shapes:
+        for N in (1, 8):
+            rows.append(bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=not gemv_only))
+            print(rows[-1], flush=True)
+    rows.append(bench_2b4t(torch, read_gbps))
+    print(rows[-1], flush=True)
+    if not gemv_only:
+        rows += bench_quantizers(torch, read_gbps)
+        print(rows[-2:], flush=True)
+    return {"device": torch.cuda.get_device_name(), "read_bandwidth_GBps": read_gbps, "rows": rows}
+
+
+def markdown_gpu(result):
+    lines = [f"W2A8 GEMV on {result['device']}, L2 cold, median of {REPLAYS} graph replays; read "
+             f"bandwidth measured in the same run: {result['read_bandwidth_GBps']:.0f} GB/s.", "",
+             "| op | M×K | N | µs | GB/s | % read BW | torch bf16 µs | × torch | Microsoft cold µs "
+             "| × Microsoft |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        shape = f"{r['M']}×{r['K']}" if "M" in r else ""
+        lines.append("| {} | {} | {} | {:.2f} | {:.0f} | {:.0f}% | {} | {} | {} | {} |".format(
+            r["op"], shape, r.get("N", ""), r["us"], r["GBps"], r["pct_read_bw"],
+            f"{r['torch_bf16_us']:.2f}" if "torch_bf16_us" in r else "",
+            f"{r['speedup_vs_torch']:.1f}" if "speedup_vs_torch" in r else "",
+            f"{r['microsoft_cold_us']:.2f}" if "microsoft_cold_us" in r else "",
+            f"{r['speedup_vs_microsoft']:.2f}" if "speedup_vs_microsoft" in r else ""))
+    return "\n".join(lines)
+
+
+def time_s(fn, repeats=3):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_cpu():
+    rng = np.random.default_rng(0)
+    src = np.ones(1 << 30, np.uint8)
+    dst = np.empty_like(src)
+    copy_gbps = 2 * src.nbytes / time_s(lambda: np.copyto(dst, src)) / 1e9
+    read_gbps = src.nbytes / time_s(lambda: src.view(np.uint64).sum()) / 1e9
+    del src, dst
+    valid = np.array([b for b in range(256) if all((b >> s) & 3 != 3 for s in (0, 2, 4, 6))],
+                     np.uint8)
+    rows = []
+    # 768 MiB of packed weights: larger than the caches (this VM reports a 480 MiB L3).
+    M, K = 196608, 16384
+    block = valid[rng.integers(0, len(valid), (4096, K // 4))]
+    big = bn.TernaryWeights(np.tile(block, (M // 4096, 1)), np.ones(M, np.float32))
+    x_q = rng.integers(-128, 128, (1, K), dtype=np.int8)
+    x_s = np.ones(1, np.float32)
+    for isa in ("portable", "avx2", "avx512-vnni"):
+        try:
+            bn.set_cpu_isa(isa)
+        except bn.UnsupportedError:
+            continue
+        t = time_s(lambda: bn.gemv_w2a8(big, x_q, x_s), repeats=1 if isa == "portable" else 3)
+        rows.append({"op": f"gemv_w2a8 cpu {isa}", "M": M, "K": K, "N": 1, "s": t,
+                     "GBps": M * K / 4 / t / 1e9})
+        print(rows[-1], flush=True)
+    bn.set_cpu_isa("auto")
+    del big
+    M, K = 3840, 2560
+    w_q = rng.integers(-1, 2, (M, K), dtype=np.int8)
+    tw = bn.pack_ternary(w_q, 1.0)
+    x_q = rng.integers(-128, 128, (1, K), dtype=np.int8)
+    t_lib = time_s(lambda: bn.gemv_w2a8(tw, x_q, x_s), repeats=10)
+    t_ref = time_s(lambda: x_q.astype(np.int64) @ tw.unpack().astype(np.int64).T, repeats=1)
+    rows.append({"op": "gemv_w2a8 cpu vs numpy reference", "M": M, "K": K, "N": 1, "s": t_lib,
+                 "GBps": M * K / 4 / t_lib / 1e9, "numpy_reference_s": t_ref,
+                 "speedup_vs_numpy": t_ref / t_lib})
+    print(rows[-1], flush=True)
+    return {"device": "cpu", "memcpy_GBps": copy_gbps, "numpy_read_GBps": read_gbps, "rows": rows}
+
+
+def markdown_cpu(result):
+    lines = [f"W2A8 GEMV on the CPU; numpy memcpy of 1 GiB: {result['memcpy_GBps']:.1f} GB/s (read +"
+             f" write), numpy read (sum): {result['numpy_read_GBps']:.1f} GB/s.", "",
+             "| op | M×K | ms | GB/s (packed weights) | numpy reference ms | × numpy |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        lines.append("| {} | {}×{} | {:.2f} | {:.1f} | {} | {} |".format(
+            r["op"], r["M"], r["K"], r["s"] * 1e3, r["GBps"],
+            f"{r['numpy_reference_s'] * 1e3:.0f}" if "numpy_reference_s" in r else "",
+            f"{r['speedup_vs_numpy']:.0f}" if "speedup_vs_numpy" in r else ""))
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="benchmark the CPU backend")
+    parser.add_argument("--quick", action="store_true", help="GPU: two shapes only")
+    parser.add_argument("--gemv-only", action="store_true",
+                        help="GPU: the GEMV rows only (no torch anchors, no quantizers)")
+    parser.add_argument("--json", help="write the results to this path")
+    args = parser.parse_args()
+    result = run_cpu() if args.cpu else run_gpu(args.quick, args.gemv_only)
+    print(markdown_cpu(result) if args.cpu else markdown_gpu(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Benchmark of bitnet_ffi's RMSNorm kernels against PyTorch, side by side on one GPU.
+
+    python tools/bench_rmsnorm.py [--json PATH] [--quick] [--ours-only]
+
+Every case is timed as CUDA graph replays: one graph of N calls, call i working on buffer slot
+i % slots, with slots enough that the buffers total >= 256 MiB (> 4x the H100's 50 MiB L2), so
+each call starts L2-cold; the time per call is the median over 7 replays divided by N. Bytes: x
+read + y written (+ residual read and written, or int8 codes + float32 scales instead of y) +
+weight. "% read" compares with the read bandwidth measured in the same run (torch.sum over 2 GiB,
+graph-timed). The anchors: torch.nn.functional.rms_norm; for the residual variant r.add_(x) then
+rms_norm; for the quantized variant rms_norm -> absmax -> scale -> round -> int8, unfused.
+"""
+import argparse
+import json
+import math
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+import bitnet_ffi
+
+ROTATE_BYTES = 256 << 20
+MIN_CALLS, MAX_CALLS = 20, 25600
+REPLAYS = 7
+EPS = 1e-5
+
+# (variant, H, T): norm = rmsnorm, add = add_rmsnorm, quant = rmsnorm_quantize, add_quant = both.
+CASES = ([("norm", 2560, t) for t in (1, 16, 256, 4096, 32768)] +
+         [("norm", 6912, t) for t in (1, 4096)] +
+         [("add", 2560, t) for t in (1, 4096, 32768)] +
+         [("quant", 2560, t) for t in (1, 256, 4096, 32768)] +
+         [("quant", 6912, 4096), ("add_quant", 2560, 1), ("add_quant", 2560, 4096)])
+QUICK_CASES = [("norm", 2560, 1), ("norm", 2560, 256), ("norm", 2560, 4096), ("norm", 2560, 32768),
+               ("norm", 6912, 4096), ("quant", 2560, 4096), ("add", 2560, 4096)]
+
+
+def graph_time_us(call, slots):
+    """Median µs per call of a CUDA graph of call(i % slots), i < N."""
+    calls = min(max(slots, MIN_CALLS), MAX_CALLS)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph (lazy initialisation)
+        for i in range(min(slots, 3)):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i % slots)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def read_bandwidth_gbps():
+    """torch.sum over a 2 GiB float32 buffer, graph-timed: the read bandwidth to compare with."""
+    buffer = torch.ones(1 << 29, dtype=torch.float32, device="cuda")
+    us = graph_time_us(lambda i: buffer.sum(), 1)
+    del buffer
+    return (1 << 31) / us / 1e3
+
+
+def case_bytes(variant, H, T, itemsize):
+    x = T * H * itemsize
+    moved = x + H * itemsize  # x read, weight read
+    moved += T * H + 4 * T if "quant" in variant else x  # codes + scales, or y
+    if "add" in variant:
+        moved += 2 * x  # residual read and written
+    return moved
+
+
+def bench_case(variant, H, T, dtype, with_torch):
+    itemsize = torch.finfo(dtype).bits // 8
+    footprint = case_bytes(variant, H, T, itemsize)
+    slots = max(2, min(MAX_CALLS, math.ceil(ROTATE_BYTES / footprint)))
+    x = torch.randn(slots, T, H, device="cuda").to(dtype)
+    weight = (1 + 0.1 * torch.randn(H, device="cuda")).to(dtype)
+    residual = torch.randn(slots, T, H, device="cuda").to(dtype) if "add" in variant else None
+    y = torch.empty(slots, T, H, device="cuda", dtype=dtype) if "quant" not in variant else None
+    q = torch.empty(slots, T, H, device="cuda", dtype=torch.int8) if "quant" in variant else None
+    s = torch.empty(slots, T, device="cuda", dtype=torch.float32) if "quant" in variant else None
+
+    def ours(i):
+        if variant == "norm":
+            bitnet_ffi.rmsnorm(x[i], weight, EPS, out=y[i])
+        elif variant == "add":
+            bitnet_ffi.add_rmsnorm(x[i], residual[i], weight, EPS, out=y[i])
+        else:
+            bitnet_ffi.rmsnorm_quantize(x[i], weight, EPS, residual=None if residual is None
+                                        else residual[i], out=(q[i], s[i]))
+
+    kept = []  # torch's outputs stay alive so that each call writes fresh memory, as ours do
+
+    def theirs(i):
+        v = x[i]
+        if "add" in variant:
+            v = residual[i].add_(x[i])
+        out = F.rms_norm(v, (H,), weight, EPS)
+        if "quant" in variant:
+            scale = 127.0 / out.abs().amax(-1, keepdim=True).float().clamp_min(1e-5)
+            out = ((out.float() * scale).round().clamp(-128, 127).to(torch.int8), scale)
+        kept.append(out)
+
+    row = {"variant": variant, "dtype": str(dtype).removeprefix("torch."), "H": H, "T": T,
+           "bytes": footprint, "slots": slots, "ours_us": graph_time_us(ours, slots)}
+    if with_torch:
+        row["torch_us"] = graph_time_us(theirs, slots)
+    kept.clear()
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="only a few cases")
+    parser.add_argument("--ours-only", action="store_true", help="skip the torch anchors")
+    args = parser.parse_args()
+
+    device = torch.cuda.get_device_name()
+    read_bw = read_bandwidth_gbps()
+    rows = []
+    for variant, H, T in QUICK_CASES if args.quick else CASES:
+        row = bench_case(variant, H, T, torch.bfloat16, not args.ours_only)
+        for who in ("ours", "torch"):
+            if who + "_us" in row:
+                row[who + "_gbps"] = row["bytes"] / row[who + "_us"] / 1e3
+                row[who + "_pct_read"] = 100 * row[who + "_gbps"] / read_bw
+        rows.append(row)
+        torch.cuda.empty_cache()
+
+    print(f"\n{device}; read bandwidth (torch.sum over 2 GiB, graph-timed): {read_bw:.0f} GB/s\n")
+    print("| op | dtype | H | T | ours µs | ours GB/s | ours % read | torch µs | torch GB/s | "
+          "torch % read | speed-up |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    names = {"norm": "rmsnorm", "add": "add_rmsnorm", "quant": "rmsnorm_quantize",
+             "add_quant": "rmsnorm_quantize + residual"}
+    for r in rows:
+        theirs = (f"{r['torch_us']:.2f} | {r['torch_gbps']:.0f} | {r['torch_pct_read']:.0f}% | "
+                  f"{r['torch_us'] / r['ours_us']:.2f}x" if "torch_us" in r else "- | - | - | -")
+        print(f"| {names[r['variant']]} | {r['dtype']} | {r['H']} | {r['T']} | {r['ours_us']:.2f} | "
+              f"{r['ours_gbps']:.0f} | {r['ours_pct_read']:.0f}% | {theirs} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device, "read_bandwidth_gbps": read_bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
