@@ -142,15 +142,18 @@ static void norm_row(const norm_args *a, int64_t row) {
         }
         r = (float)(1.0 / sqrt(sum64 / (double)H + a->eps));
     }
-    const float scale = 127.0f / fmaxf(max_vw * r, 1e-5f);
+    const float scale = 127.0f / fmaxf(max_vw * r, 1e-5f), r_scale = r * scale;
 
     for (int64_t c = 0; c < H; c += CHUNK) {
         int n = load_chunk(a, v_src, base, c, v, w);
-        for (int i = 0; i < n; i++) v[i] = v[i] * w[i] * r;
-        if (a->y) store_floats(a->dtype, v, n, a->y, base + c);
+        for (int i = 0; i < n; i++) v[i] *= w[i]; /* the products v * w */
         if (a->y_q)
             for (int i = 0; i < n; i++)
-                a->y_q[base + c + i] = (int8_t)rintf(fminf(fmaxf(v[i] * scale, -128.0f), 127.0f));
+                a->y_q[base + c + i] = (int8_t)rintf(fminf(fmaxf(v[i] * r_scale, -128.0f), 127.0f));
+        if (a->y) {
+            for (int i = 0; i < n; i++) v[i] *= r;
+            store_floats(a->dtype, v, n, a->y, base + c);
+        }
     }
     if (a->y_q) a->y_scales[row] = scale;
 }

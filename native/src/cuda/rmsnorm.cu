@@ -1,31 +1,30 @@
 /* RMSNorm, optionally fused with the residual add before it and the int8 quantization after it:
  * v = x (or residual += x, as stored), y = v * w / sqrt(mean(v^2) + eps), q = rint(y * 127 / max|y|).
- * Layout: [T, H] row-major. A row lives in registers: one warp per row (H <= 384 vectors of 16 B,
- * 4 rows per block) or one block per row (<= 4096 vectors); each thread holds V vectors strided by
- * the row's thread count. Other rows (huge H, unaligned rows) loop over global memory twice.
- * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes), + weight.
- * H100, bf16, H = 2560, L2 cold: see docs/rmsnorm.md. */
+ * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
+ * vectors of 16 B, >= 4 rows per SM; 4 rows per block) or else one block per row (<= 4096
+ * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
+ * unaligned rows) take a loop over global memory, twice. Launched with programmatic dependent launch.
+ * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight.
+ * H100, bf16, H = 2560, L2 cold: 2959 GB/s at T = 32768 (95% of the read bandwidth), 2622 GB/s
+ * at T = 4096 (84%), 1.62 us at T = 1; with the int8 codes 2661 GB/s at T = 32768. docs/rmsnorm.md. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <float.h>
-#include <string.h>
 
 #include "common.cuh"
 
 namespace {
 
-constexpr int WARP_ROWS_PER_BLOCK = 4;  /* warp-per-row kernels: 128 threads */
-constexpr int WARP_MAX_V = 12;          /* warp per row up to 32 * 12 vectors */
-/* A warp per row needs this many rows per SM to beat a block per row: fewer rows are bound by the
- * latency of one row, which more threads per row cut. */
+constexpr int WARP_ROWS_PER_BLOCK = 4; /* warp-per-row kernels: 128 threads */
+constexpr int WARP_MAX_V = 12;         /* a warp per row up to 32 * 12 vectors */
+/* A warp per row pays off from this many rows per SM; fewer rows are bound by the latency of one
+ * row, which more threads per row cut. */
 constexpr int WARP_MIN_ROWS_PER_SM = 4;
-constexpr bool WARP_WITH_RESIDUAL = true;
 constexpr int BLOCK_PREFERRED_THREADS = 320;
-constexpr int BLOCK_MAX_THREADS = 512;  /* with 8 vectors per thread: 4096 vectors per row */
+constexpr int BLOCK_MAX_THREADS = 512;
+constexpr int BLOCK_MAX_V = 8; /* a block per row up to 512 * 8 vectors */
 constexpr int LOOP_THREADS = 512;
-constexpr bool USE_PDL = true;
-constexpr bool WARP_STAGED = true;
 
 struct NormArgs {
     const void *x;
@@ -73,7 +72,7 @@ __device__ __forceinline__ void store(void *base, int64_t i, const Pack<T, N> &p
     *reinterpret_cast<Pack<T, N> *>(static_cast<T *>(base) + i) = p;
 }
 
-/* residual[i..i+N) += x, rounded to T; returns the stored values. */
+/* The new residual, residual + x rounded to T: the value stored and normalized. */
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> add_residual(const Pack<T, N> &x, const Pack<T, N> &res) {
     Pack<T, N> sum;
@@ -125,34 +124,6 @@ __device__ __forceinline__ float inverse_rms(float sum, const NormArgs &a, F sum
     return (float)(1.0 / sqrt(sum_squares64() / (double)a.cols + (double)a.eps));
 }
 
-/* Writes y and/or the int8 codes of the N values p * r (p = v * w). */
-template <typename T, int N>
-__device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, const float (&p)[N], float r,
-                                              float scale) {
-    Pack<T, N> y;
-    Pack<int8_t, N> q;
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        const float f = p[j] * r;
-        y.e[j] = from_float<T>(f);
-        q.e[j] = (int8_t)__float2int_rn(fminf(fmaxf(f * scale, -128.0f), 127.0f));
-    }
-    if (a.y) store<T, N>(a.y, i, y);
-    if (a.y_q) store<int8_t, N>(a.y_q, i, q);
-}
-
-/* Adds v^2 to the sum of squares and |v * w| to the running max, and sets p = v * w. */
-template <typename T, int N>
-__device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, const Pack<T, N> &w, float (&p)[N]) {
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        const float f = to_float(v.e[j]);
-        p[j] = f * to_float(w.e[j]);
-        acc.sum += f * f;
-        acc.max = fmaxf(acc.max, fabsf(p[j]));
-    }
-}
-
 template <typename T, int N> __device__ __forceinline__ double sum_squares64(const Pack<T, N> &v) {
     double sum = 0.0;
 #pragma unroll
@@ -160,16 +131,43 @@ template <typename T, int N> __device__ __forceinline__ double sum_squares64(con
     return sum;
 }
 
-template <typename T, int N>
-__device__ __forceinline__ void products(const Pack<T, N> &v, const Pack<T, N> &w, float (&p)[N]) {
+/* Adds v^2 to the sum of squares, sets p = v * w and, for the codes, takes max |p|. */
+template <typename T, int N, bool QUANT>
+__device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, const Pack<T, N> &w,
+                                           float (&p)[N]) {
 #pragma unroll
-    for (int j = 0; j < N; j++) p[j] = to_float(v.e[j]) * to_float(w.e[j]);
+    for (int j = 0; j < N; j++) {
+        const float f = to_float(v.e[j]);
+        p[j] = f * to_float(w.e[j]);
+        acc.sum += f * f;
+        if (QUANT) acc.max = fmaxf(acc.max, fabsf(p[j]));
+    }
+}
+
+/* y = p * r where asked for, and the codes rint(p * r * scale). Since |p| <= max |p| and
+ * scale = 127 / (max |p| * r), |p * r * scale| <= 127 up to a few roundings, so the rule's clamp to
+ * [-128, 127] never binds for finite inputs and is left out. */
+template <typename T, int N, bool QUANT>
+__device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, const float (&p)[N], float r,
+                                              float r_scale) {
+    if (a.y) {
+        Pack<T, N> y;
+#pragma unroll
+        for (int j = 0; j < N; j++) y.e[j] = from_float<T>(p[j] * r);
+        store<T, N>(a.y, i, y);
+    }
+    if (QUANT) {
+        Pack<int8_t, N> q;
+#pragma unroll
+        for (int j = 0; j < N; j++) q.e[j] = (int8_t)__float2int_rn(p[j] * r_scale);
+        store<int8_t, N>(a.y_q, i, q);
+    }
 }
 
 /* A row held in registers as the products p = v * w: thread `lane` of the row's `row_threads`
  * holds the N-element vectors k * row_threads + lane, k < V. The rare float64 sum rereads v from
  * global memory (x, or the residual this thread stored) rather than keeping it live. */
-template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL>
+template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, bool QUANT>
 __global__ void __launch_bounds__(WARP_PER_ROW ? 32 * WARP_ROWS_PER_BLOCK : BLOCK_MAX_THREADS)
 rmsnorm_registers(NormArgs a) {
     wait_for_previous_kernel();
@@ -199,7 +197,7 @@ rmsnorm_registers(NormArgs a) {
 #pragma unroll
                 for (int j = 0; j < N; j++) v.e[j] = w.e[j] = from_float<T>(0.0f);
             }
-            accumulate(acc, v, w, p[k]);
+            accumulate<T, N, QUANT>(acc, v, w, p[k]);
         }
         acc = row_reduce<WARP_PER_ROW>(acc);
         const float r = inverse_rms(acc.sum, a, [&] {
@@ -215,113 +213,15 @@ rmsnorm_registers(NormArgs a) {
 #pragma unroll
         for (int k = 0; k < V; k++) {
             const int64_t vec = (int64_t)k * row_threads + lane;
-            if (vec < vectors) write_outputs<T, N>(a, base + vec * N, p[k], r, scale);
+            if (vec < vectors) write_outputs<T, N, QUANT>(a, base + vec * N, p[k], r, r * scale);
         }
-        if (a.y_q && lane == 0) a.y_scales[row] = scale;
+        if (QUANT && lane == 0) a.y_scales[row] = scale;
     }
-}
-
-/* cp.async: 16 bytes from global to shared memory without passing through registers. */
-__device__ __forceinline__ void copy_async16(void *shared, const void *global) {
-    const unsigned address = (unsigned)__cvta_generic_to_shared(shared);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
-}
-
-__device__ __forceinline__ void wait_async_copies() {
-    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
-}
-
-/* Volatile shared-memory accesses: each pass reads shared memory again instead of the compiler
- * keeping the first pass's values in registers, which would cap the rows per SM; being volatile,
- * they also stay in program order with each other. */
-template <typename T, int N> __device__ __forceinline__ Pack<T, N> load_shared(const Pack<T, N> *p) {
-    static_assert(sizeof(Pack<T, N>) == 16, "16-byte vectors");
-    uint4 u;
-    asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-    Pack<T, N> v;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
-
-template <typename T, int N> __device__ __forceinline__ void store_shared(Pack<T, N> *p, const Pack<T, N> &v) {
-    uint4 u;
-    memcpy(&u, &v, sizeof u);
-    asm volatile("st.volatile.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"((unsigned)__cvta_generic_to_shared(p)),
-                 "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w));
-}
-
-/* A warp per row, staged in shared memory: the row (and the residual's) arrive by cp.async, so
- * the bytes in flight do not occupy registers, and every pass rereads shared memory. Lane `lane`
- * owns the vectors k * 32 + lane, k < V, and only ever reads the slots it copied or wrote. */
-template <typename T, int N, int V, bool RESIDUAL>
-__global__ void __launch_bounds__(32 * WARP_ROWS_PER_BLOCK) rmsnorm_staged(NormArgs a) {
-    wait_for_previous_kernel();
-    extern __shared__ uint4 staged[]; /* per warp: x [V * 32] vectors, then the residual's */
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int64_t row = (int64_t)blockIdx.x * WARP_ROWS_PER_BLOCK + warp;
-    if (row >= a.rows) return;
-    Pack<T, N> *xs = reinterpret_cast<Pack<T, N> *>(staged) + warp * (RESIDUAL ? 2 : 1) * V * 32;
-    Pack<T, N> *rs = xs + V * 32;
-    const int64_t vectors = a.cols / N, base = row * a.cols;
-
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        const int64_t vec = (int64_t)k * 32 + lane;
-        if (vec < vectors) {
-            copy_async16(&xs[vec], static_cast<const T *>(a.x) + base + vec * N);
-            if (RESIDUAL) copy_async16(&rs[vec], static_cast<const T *>(a.residual) + base + vec * N);
-        }
-    }
-    wait_async_copies();
-
-    SumMax acc = {0.0f, 0.0f};
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        const int64_t vec = (int64_t)k * 32 + lane;
-        if (vec < vectors) {
-            Pack<T, N> v = load_shared(&xs[vec]);
-            if (RESIDUAL) {
-                v = add_residual(v, load_shared(&rs[vec]));
-                store<T, N>(a.residual, base + vec * N, v);
-                store_shared(&xs[vec], v);
-            }
-            float p[N];
-            products(v, v, p);
-#pragma unroll
-            for (int j = 0; j < N; j++) acc.sum += p[j];
-            if (a.y_q) {
-                products(v, load<T, N>(a.weight, vec * N), p);
-#pragma unroll
-                for (int j = 0; j < N; j++) acc.max = fmaxf(acc.max, fabsf(p[j]));
-            }
-        }
-    }
-    acc = warp_reduce(acc);
-    const float r = inverse_rms(acc.sum, a, [&] {
-        double sum = 0.0;
-#pragma unroll
-        for (int k = 0; k < V; k++)
-            if ((int64_t)k * 32 + lane < vectors) sum += sum_squares64(load_shared(&xs[k * 32 + lane]));
-        return warp_reduce(sum);
-    });
-    const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        const int64_t vec = (int64_t)k * 32 + lane;
-        if (vec < vectors) {
-            float p[N];
-            products(load_shared(&xs[vec]), load<T, N>(a.weight, vec * N), p);
-            write_outputs<T, N>(a, base + vec * N, p, r, scale);
-        }
-    }
-    if (a.y_q && lane == 0) a.y_scales[row] = scale;
 }
 
 /* Any row: one block per row, reading it from global memory once per pass (x or the residual
  * again in the second pass; each thread rereads only what it wrote itself). */
-template <typename T, int N, bool RESIDUAL>
+template <typename T, int N, bool RESIDUAL, bool QUANT>
 __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
     wait_for_previous_kernel();
     const void *v_src = RESIDUAL ? a.residual : a.x;
@@ -331,13 +231,12 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
         SumMax acc = {0.0f, 0.0f};
         for (int64_t i = first; i < a.cols; i += step) {
             Pack<T, N> v = load<T, N>(a.x, base + i);
-            const Pack<T, N> w = load<T, N>(a.weight, i);
             if (RESIDUAL) {
                 v = add_residual(v, load<T, N>(a.residual, base + i));
                 store<T, N>(a.residual, base + i, v);
             }
             float p[N];
-            accumulate(acc, v, w, p);
+            accumulate<T, N, QUANT>(acc, v, load<T, N>(a.weight, i), p);
         }
         acc = row_reduce<false>(acc);
         const float r = inverse_rms(acc.sum, a, [&] {
@@ -349,35 +248,25 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
         for (int64_t i = first; i < a.cols; i += step) {
             float p[N];
             SumMax unused = {0.0f, 0.0f};
-            accumulate(unused, load<T, N>(v_src, base + i), load<T, N>(a.weight, i), p);
-            write_outputs<T, N>(a, base + i, p, r, scale);
+            accumulate<T, N, false>(unused, load<T, N>(v_src, base + i), load<T, N>(a.weight, i), p);
+            write_outputs<T, N, QUANT>(a, base + i, p, r, r * scale);
         }
-        if (a.y_q && threadIdx.x == 0) a.y_scales[row] = scale;
+        if (QUANT && threadIdx.x == 0) a.y_scales[row] = scale;
     }
 }
 
-/* Vectors per thread that have a kernel: up to 12 with a warp per row, 8 with a block per row. */
+/* Vectors per thread that have a kernel: up to WARP_MAX_V with a warp per row, BLOCK_MAX_V with a
+ * block per row. */
 constexpr int V_CHOICES[] = {1, 2, 3, 4, 6, 8, 10, 12};
-constexpr int BLOCK_MAX_V = 8;
 
-template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, int I = 0>
+template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, bool QUANT, int I = 0>
 void (*registers_kernel(int v))(NormArgs) {
     constexpr int count = sizeof V_CHOICES / sizeof *V_CHOICES;
-    if constexpr (I == count || (!WARP_PER_ROW && V_CHOICES[I] > BLOCK_MAX_V)) {
+    if constexpr (I == count || V_CHOICES[I] > (WARP_PER_ROW ? WARP_MAX_V : BLOCK_MAX_V)) {
         return nullptr;
     } else {
-        if (v == V_CHOICES[I]) return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL>;
-        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, I + 1>(v);
-    }
-}
-
-template <typename T, int N, bool RESIDUAL, int I = 0> void (*staged_kernel(int v))(NormArgs) {
-    constexpr int count = sizeof V_CHOICES / sizeof *V_CHOICES;
-    if constexpr (I == count) {
-        return nullptr;
-    } else {
-        if (v == V_CHOICES[I]) return rmsnorm_staged<T, N, V_CHOICES[I], RESIDUAL>;
-        return staged_kernel<T, N, RESIDUAL, I + 1>(v);
+        if (v == V_CHOICES[I]) return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, QUANT>;
+        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, QUANT, I + 1>(v);
     }
 }
 
@@ -390,58 +279,52 @@ int smallest_v(int64_t needed) {
 
 bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p % bytes == 0; }
 
-struct DeviceTraits {
+struct Device {
     int sm_count;
     bool pdl;
 };
 
-template <typename T, bool RESIDUAL>
-bitnet_status launch(const NormArgs &a, DeviceTraits device, cudaStream_t stream) {
+/* Picks the kernel and its shape for the row length and alignment, and launches it. */
+template <typename T, bool RESIDUAL, bool QUANT>
+bitnet_status launch(const NormArgs &a, Device device, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
                             aligned(a.weight, 16) && aligned(a.y, 16) && aligned(a.y_q, N);
     const int64_t vectors = a.cols / N;
-    const int64_t max_grid = (int64_t)device.sm_count * 64;
     void (*kernel)(NormArgs) = nullptr;
-    int64_t threads = 0, grid = 0, shared_bytes = 0;
-    if (vectorized && vectors <= 32 * WARP_MAX_V && (WARP_WITH_RESIDUAL || !RESIDUAL) &&
-        a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * device.sm_count) {
-        const int v = smallest_v((vectors + 31) / 32);
+    int64_t threads = 0, grid = 0;
+    /* With the residual's second stream of loads, a block per row was faster at every T. */
+    const bool warp_per_row = !RESIDUAL && vectorized && vectors <= 32 * WARP_MAX_V &&
+                              a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * device.sm_count;
+    if (warp_per_row) {
+        kernel = registers_kernel<T, N, true, false, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
-        if (WARP_STAGED) {
-            kernel = staged_kernel<T, N, RESIDUAL>(v);
-            shared_bytes = (int64_t)WARP_ROWS_PER_BLOCK * (RESIDUAL ? 2 : 1) * v * 32 * 16;
-            if (grid > INT32_MAX) return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rmsnorm: too many rows");
-        } else {
-            kernel = registers_kernel<T, N, true, RESIDUAL>(v);
-            grid = grid < max_grid ? grid : max_grid;
-        }
     } else if (vectorized && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
         int v = smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
-        kernel = registers_kernel<T, N, false, RESIDUAL>(v);
-        threads = (vectors + v - 1) / v;
-        threads = (threads + 31) / 32 * 32;
+        kernel = registers_kernel<T, N, false, RESIDUAL, QUANT>(v);
+        threads = ((vectors + v - 1) / v + 31) / 32 * 32;
         grid = a.rows;
     } else {
-        if (vectorized) kernel = rmsnorm_loop<T, N, RESIDUAL>;
-        else kernel = rmsnorm_loop<T, 1, RESIDUAL>;
+        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, QUANT> : rmsnorm_loop<T, 1, RESIDUAL, QUANT>;
         const int64_t per_thread = vectorized ? N : 1;
         threads = (a.cols + per_thread - 1) / per_thread;
         threads = threads > LOOP_THREADS ? LOOP_THREADS : (threads + 31) / 32 * 32;
         grid = a.rows;
     }
-    if (kernel == nullptr) return bn_fail(BITNET_ERR_INTERNAL, "bitnet_rmsnorm: no kernel for H=%lld", (long long)a.cols);
+    if (kernel == nullptr)
+        return bn_fail(BITNET_ERR_INTERNAL, "bitnet_rmsnorm: no kernel for H=%lld", (long long)a.cols);
     /* Rows beyond the grid are taken by the blocks' row loops. */
-    if (shared_bytes == 0) grid = grid < max_grid ? grid : max_grid;
+    const int64_t max_grid = (int64_t)device.sm_count * 64;
+    grid = grid < max_grid ? grid : max_grid;
+
     cudaLaunchAttribute pdl;
     pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     pdl.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3((unsigned)grid);
     config.blockDim = dim3((unsigned)threads);
-    config.dynamicSmemBytes = (size_t)shared_bytes;
     config.stream = stream;
     config.attrs = &pdl;
     config.numAttrs = device.pdl ? 1 : 0;
@@ -449,9 +332,10 @@ bitnet_status launch(const NormArgs &a, DeviceTraits device, cudaStream_t stream
     return BITNET_OK;
 }
 
-template <typename T>
-bitnet_status launch_dtype(const NormArgs &a, DeviceTraits device, cudaStream_t stream) {
-    return a.residual ? launch<T, true>(a, device, stream) : launch<T, false>(a, device, stream);
+template <typename T> bitnet_status launch_dtype(const NormArgs &a, Device device, cudaStream_t stream) {
+    if (a.residual)
+        return a.y_q ? launch<T, true, true>(a, device, stream) : launch<T, true, false>(a, device, stream);
+    return a.y_q ? launch<T, false, true>(a, device, stream) : launch<T, false, false>(a, device, stream);
 }
 
 }  // namespace
@@ -464,7 +348,7 @@ bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t 
     int sm_count = 0, major = 0;
     BN_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
     BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    const DeviceTraits traits = {sm_count, USE_PDL && major >= 9};
+    const Device traits = {sm_count, major >= 9};
     const NormArgs a = {x, residual, weight, eps, y, y_q, y_scales, T, H};
     switch (dtype) {
     case BITNET_DTYPE_F32: return launch_dtype<float>(a, traits, bn_stream(stream));
