@@ -155,7 +155,9 @@ bitnet_status bitnet_cpu_get_isa(int32_t *isa);
  *   -128, 127), from the float32 y before any rounding to dtype (quantize_a8's rule, fused).
  * dtype: float32, float16 or bfloat16, for x, residual, weight and y. eps: finite, >= 0. Give y,
  * y_q (with y_scales) or both. y may be x (in place); no other arrays may overlap. Rows whose
- * float32 sum of squares overflows or underflows are summed again in float64. */
+ * float32 sum of squares overflows or underflows are summed again in float64. On a GPU the launch
+ * uses programmatic dependent launch: it waits for the previous kernel on the stream before reading
+ * or writing any array, and lets the next kernel launch early. */
 bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H,
                              const void *x /* [T, H] */,
                              void *residual /* [T, H] in/out, or NULL */,
