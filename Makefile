@@ -6,6 +6,7 @@
 #   make demo / make test     set up .venv, build, and run the main job / the tests (see README)
 
 BUILD_DIR   ?= build
+MAKEFLAGS   += -j$(shell nproc 2>/dev/null || echo 2)
 LIB         := $(BUILD_DIR)/libbitnet.so
 CUDA_ARCHS  ?= 75 80 86 89 90
 CC          ?= cc

@@ -11,51 +11,17 @@ of `--calls` calls, rotating through input sets totalling >= 512 MiB so L2 (50 M
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 import bitnet_ffi
+from gpu_bench import graph_time_us, read_bandwidth_gbps
 
 HQ, HKV, D = 20, 5, 128
 ROTATE_BYTES = 512 << 20
 DECODE_CASES = [(1, 1024), (1, 4096), (1, 32768), (8, 4096), (8, 32768), (1, 131072)]
 PREFILL_CASES = [1024, 4096, 16384]
-
-
-def graph_time_us(calls_of, n_sets, calls, repeats=7):
-    """Median µs per call of a CUDA graph that makes `calls` calls, call i using input set i % n_sets."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(n_sets):       # warm-up outside the graph (allocations, lazy init)
-            calls_of(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            calls_of(i % n_sets)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
-def read_bandwidth_gbps():
-    buffer = torch.ones(1 << 30, dtype=torch.bfloat16, device="cuda")  # 2 GiB
-    result = torch.empty((), dtype=torch.float32, device="cuda")
-    us = graph_time_us(lambda _: torch.sum(buffer, dim=0, dtype=torch.float32, out=result), 1, 10)
-    del buffer
-    return (2 << 30) / us / 1e3
 
 
 def bench_decode(B, L, calls, read_bw):

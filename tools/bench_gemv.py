@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import bitnet_ffi as bn
+from gpu_bench import graph_time_us, read_bandwidth_gbps
 
 ROTATE_BYTES = 512 << 20
 REPLAYS = 7
@@ -32,34 +33,6 @@ ANCHORS = {  # (M, K): (microsoft cold us, torch bf16 cold us)
 }
 PROJECTIONS_2B4T = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
 MICROSOFT_2B4T_US = 30.3
-
-
-def graph_time_us(torch, body, calls):
-    """Median time of one call: `body()` captured once in a graph that makes `calls` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        body()  # warm-up outside the graph (lazy loading, allocator)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    for _ in range(2):
-        graph.replay()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
-def read_bandwidth_gbps(torch):
-    buffer = torch.ones(2 << 30 >> 2, dtype=torch.float32, device="cuda")
-    us = graph_time_us(torch, lambda: [buffer.sum() for _ in range(5)], 5)
-    return buffer.numel() * 4 / us / 1e3
 
 
 def random_packed(torch, M, K, copies):
@@ -78,8 +51,7 @@ def bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=True):
     x_s = torch.rand(N, device="cuda") + 1.0
     y = torch.empty((N, M), dtype=torch.float32, device="cuda")
     calls = max(copies, 20)
-    us = graph_time_us(torch, lambda: [bn.gemv_w2a8(weights[i % copies], x_q, x_s, out=y)
-                                       for i in range(calls)], calls)
+    us = graph_time_us(lambda i: bn.gemv_w2a8(weights[i], x_q, x_s, out=y), copies, calls)
     nbytes = M * K // 4 + N * K + 4 * N * M
     gbps = nbytes / us / 1e3
     del weights
@@ -94,8 +66,7 @@ def bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=True):
     dense = [torch.randn(M, K, dtype=torch.bfloat16, device="cuda") for _ in range(bf16_copies)]
     x = torch.randn(N, K, dtype=torch.bfloat16, device="cuda")
     calls = max(bf16_copies, 20)
-    torch_us = graph_time_us(torch, lambda: [torch.nn.functional.linear(x, dense[i % bf16_copies])
-                                             for i in range(calls)], calls)
+    torch_us = graph_time_us(lambda i: torch.nn.functional.linear(x, dense[i]), bf16_copies, calls)
     del dense
     row["torch_bf16_us"], row["speedup_vs_torch"] = torch_us, torch_us / us
     return row
@@ -110,12 +81,11 @@ def bench_2b4t(torch, read_gbps):
     x_s = torch.ones(1, device="cuda")
     ys = [torch.empty((1, M), device="cuda") for M, _ in PROJECTIONS_2B4T]
 
-    def body():
-        for layer in weights:
-            for j, (M, K) in enumerate(PROJECTIONS_2B4T):
-                bn.gemv_w2a8(layer[j], xs[K], x_s, out=ys[j])
+    def layer(i):
+        for j, (M, K) in enumerate(PROJECTIONS_2B4T):
+            bn.gemv_w2a8(weights[i][j], xs[K], x_s, out=ys[j])
 
-    us = graph_time_us(torch, body, layers)
+    us = graph_time_us(layer, layers)
     return {"op": "2B4T layer: 4 projections back to back", "us": us,
             "GBps": layer_bytes / us / 1e3, "pct_read_bw": 100 * layer_bytes / us / 1e3 / read_gbps,
             "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
@@ -125,12 +95,12 @@ def bench_quantizers(torch, read_gbps):
     rows = []
     M, K = 16384, 4096  # 256 MiB of float32
     w = torch.randn(M, K, device="cuda")
-    us = graph_time_us(torch, lambda: bn.quantize_i2s(w, row_segments=[M // 2, M // 2]), 1)
+    us = graph_time_us(lambda _: bn.quantize_i2s(w, row_segments=[M // 2, M // 2]))
     nbytes = 2 * w.numel() * 4 + M * K // 4  # W is read twice: the scale needs the whole tensor
     rows.append({"op": "quantize_i2s f32 [16384, 4096]", "us": us, "GBps": nbytes / us / 1e3,
                  "pct_read_bw": 100 * nbytes / us / 1e3 / read_gbps,
                  "note": "bytes = 2 reads of W + packed write"})
-    us = graph_time_us(torch, lambda: bn.quantize_a8(w), 1)
+    us = graph_time_us(lambda _: bn.quantize_a8(w))
     nbytes = w.numel() * 4 + w.numel() + 4 * M
     rows.append({"op": "quantize_a8 f32 [16384, 4096]", "us": us, "GBps": nbytes / us / 1e3,
                  "pct_read_bw": 100 * nbytes / us / 1e3 / read_gbps,
@@ -140,7 +110,7 @@ def bench_quantizers(torch, read_gbps):
 
 def run_gpu(quick, gemv_only):
     import torch
-    read_gbps = read_bandwidth_gbps(torch)
+    read_gbps = read_bandwidth_gbps()
     print(f"read bandwidth (torch.sum over 2 GiB): {read_gbps:.0f} GB/s", flush=True)
     rows = []
     shapes = list(ANCHORS) if not quick else [(13824, 2560), (55296, 5120)]

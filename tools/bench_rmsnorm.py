@@ -13,16 +13,15 @@ rms_norm; for the quantized variant rms_norm -> absmax -> scale -> round -> int8
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 
 import bitnet_ffi
+from gpu_bench import graph_time_us, read_bandwidth_gbps
 
 ROTATE_BYTES = 256 << 20
 MIN_CALLS, MAX_CALLS = 20, 25600
-REPLAYS = 7
 EPS = 1e-5
 
 # (variant, H, T): norm = rmsnorm, add = add_rmsnorm, quant = rmsnorm_quantize, add_quant = both.
@@ -33,41 +32,6 @@ CASES = ([("norm", 2560, t) for t in (1, 16, 256, 4096, 32768)] +
          [("quant", 6912, 4096), ("add_quant", 2560, 1), ("add_quant", 2560, 4096)])
 QUICK_CASES = [("norm", 2560, 1), ("norm", 2560, 256), ("norm", 2560, 4096), ("norm", 2560, 32768),
                ("norm", 6912, 4096), ("quant", 2560, 4096), ("add", 2560, 4096)]
-
-
-def graph_time_us(call, slots):
-    """Median µs per call of a CUDA graph of call(i % slots), i < N."""
-    calls = min(max(slots, MIN_CALLS), MAX_CALLS)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the graph (lazy initialisation)
-        for i in range(min(slots, 3)):
-            call(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i % slots)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times)
-
-
-def read_bandwidth_gbps():
-    """torch.sum over a 2 GiB float32 buffer, graph-timed: the read bandwidth to compare with."""
-    buffer = torch.ones(1 << 29, dtype=torch.float32, device="cuda")
-    us = graph_time_us(lambda i: buffer.sum(), 1)
-    del buffer
-    return (1 << 31) / us / 1e3
 
 
 def case_bytes(variant, H, T, itemsize):
@@ -83,6 +47,7 @@ def bench_case(variant, H, T, dtype, with_torch):
     itemsize = torch.finfo(dtype).bits // 8
     footprint = case_bytes(variant, H, T, itemsize)
     slots = max(2, min(MAX_CALLS, math.ceil(ROTATE_BYTES / footprint)))
+    calls = min(max(slots, MIN_CALLS), MAX_CALLS)
     x = torch.randn(slots, T, H, device="cuda").to(dtype)
     weight = (1 + 0.1 * torch.randn(H, device="cuda")).to(dtype)
     residual = torch.randn(slots, T, H, device="cuda").to(dtype) if "add" in variant else None
@@ -112,9 +77,9 @@ def bench_case(variant, H, T, dtype, with_torch):
         kept.append(out)
 
     row = {"variant": variant, "dtype": str(dtype).removeprefix("torch."), "H": H, "T": T,
-           "bytes": footprint, "slots": slots, "ours_us": graph_time_us(ours, slots)}
+           "bytes": footprint, "slots": slots, "ours_us": graph_time_us(ours, slots, calls)}
     if with_torch:
-        row["torch_us"] = graph_time_us(theirs, slots)
+        row["torch_us"] = graph_time_us(theirs, slots, calls)
     kept.clear()
     return row
 

@@ -56,6 +56,7 @@ bitnet_status bn_cuda_memcpy(int32_t device, void *dst, const void *src, int64_t
 bitnet_status bn_cuda_memset(int32_t device, void *ptr, int32_t byte_value, int64_t nbytes,
                              void *stream);
 bitnet_status bn_cuda_device_synchronize(int32_t device);
+bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count);
 bitnet_status bn_cuda_stream_synchronize(void *stream);
 
 /* Each op adds its backend entry points below: bn_cpu_<op> and bn_cuda_<op>, with the public
@@ -122,7 +123,6 @@ int64_t bn_attention_num_splits(int32_t sm_count, int64_t B, int64_t Sq, int64_t
                                 int64_t D, int64_t C);
 /* Bytes of workspace for `num_splits` partials of B * Sq * Hq rows. */
 int64_t bn_attention_workspace_bytes(int64_t num_splits, int64_t B, int64_t Sq, int64_t Hq, int64_t D);
-bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count);
 
 #ifndef __cplusplus
 /* Element i of a float32 / float16 / bfloat16 array as float, and back (round to nearest even):

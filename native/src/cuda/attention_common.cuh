@@ -75,13 +75,8 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-/* The attention kernels need sm_80 (cp.async, bf16 mma.sync). bn_cuda_attention refuses older GPUs
- * before launching; for them these helpers only trap, which keeps multi-architecture builds going. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define BN_SM80_ASM(...) __trap()
-#else
-#define BN_SM80_ASM(...) asm volatile(__VA_ARGS__)
-#endif
+/* The attention kernels need sm_80 (cp.async, bf16 mma.sync): bn_cuda_attention refuses older GPUs
+ * before launching (BN_SM80_ASM, common.cuh). */
 
 /* 16-byte asynchronous global -> shared copy; when `inside` is false the destination gets zeros and
  * nothing is read. */
@@ -92,20 +87,6 @@ __device__ __forceinline__ void cp_async_16(void *smem, const void *global, bool
 __device__ __forceinline__ void cp_async_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* Programmatic dependent launch (sm_90+; no-ops before): a grid launched with programmatic stream
- * serialization may start once every block of the previous grid allowed it, and waits for that
- * grid's results in wait_for_prerequisite_grid. */
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 }
 
 /* Tensor-core building blocks (mma.sync m16n8k16, ldmatrix) of the decode and prefill kernels. */

@@ -184,7 +184,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     }
     cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the tiles before they hold partial results */
-    allow_dependent_launch();
+    bn_pdl_launch_dependents();
 
     /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory. */
 #pragma unroll
@@ -246,7 +246,7 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = (int)(row / ((int64_t)Sq * Hq));
     const int L = seq_lens ? seq_lens[b] : C;
-    wait_for_prerequisite_grid();
+    bn_pdl_wait();
     if (!valid_seq_len(L, C, Sq, causal)) {
         for (int d = threadIdx.x; d < D; d += blockDim.x)
             out[row * D + d] = from_float<T>(__int_as_float(0x7fc00000));
@@ -324,30 +324,15 @@ bitnet_status launch_decode(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, cons
     BN_CUDA_CHECK_LAUNCH("decode_kernel");
     if (num_splits > 1) {
         /* Programmatic dependent launch: the merge grid is set up while the decode grid drains. */
-        cudaLaunchAttribute attribute = {};
-        attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attribute.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3((unsigned)rows);
-        config.blockDim = dim3(kMergeWarps * 32);
-        config.stream = stream;
-        config.attrs = &attribute;
-        config.numAttrs = 1;
-        BN_CUDA_TRY(cudaLaunchKernelEx(&config, merge_kernel<T, D>, (const float *)partial_out,
-                                       (const float *)partial_ml, seq_lens, (int)C, (int)Sq,
-                                       (int)Hq, (int)causal, (int)num_splits, static_cast<T *>(out)));
+        BN_CUDA_TRY(bn_launch_pdl(merge_kernel<T, D>, dim3((unsigned)rows), dim3(kMergeWarps * 32),
+                                  0, stream, (const float *)partial_out, (const float *)partial_ml,
+                                  seq_lens, (int)C, (int)Sq, (int)Hq, (int)causal, (int)num_splits,
+                                  static_cast<T *>(out)));
     }
     return BITNET_OK;
 }
 
 } // namespace
-
-bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count) {
-    int count = 0;
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    *sm_count = count;
-    return BITNET_OK;
-}
 
 bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
                                 int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,

@@ -43,4 +43,56 @@ class BnDeviceGuard {
 
 static inline cudaStream_t bn_stream(void *stream) { return static_cast<cudaStream_t>(stream); }
 
+/* Inline assembly that needs sm_80 or newer. Launchers never run such code on older GPUs; compiled
+ * for them it only traps, which keeps the multi-architecture build going. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define BN_SM80_ASM(...) __trap()
+#else
+#define BN_SM80_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+/* The compute capability's major number of the current device. */
+static inline cudaError_t bn_current_cc_major(int *major) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    return err != cudaSuccess ? err
+                              : cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
+}
+
+/* Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel launched by
+ * bn_launch_pdl may start while the previous kernel on its stream still runs: bn_pdl_wait() returns
+ * once that kernel has finished and its writes are visible, so nothing that kernel may write is
+ * touched before it; bn_pdl_launch_dependents() lets the next kernel start launching early. */
+__device__ __forceinline__ void bn_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bn_pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* kernel<<<grid, block, shared_bytes, stream>>>(args...), with programmatic stream serialization
+ * on GPUs that have it. */
+template <typename... Params, typename... Args>
+cudaError_t bn_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args... args) {
+    int major = 0;
+    cudaError_t err = bn_current_cc_major(&major);
+    if (err != cudaSuccess) return err;
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = major >= 9 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 static inline unsigned bn_ceil_div(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }

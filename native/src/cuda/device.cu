@@ -85,6 +85,13 @@ bitnet_status bn_cuda_device_get_info(int32_t device, bitnet_device_info *info) 
     return BITNET_OK;
 }
 
+bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count) {
+    int count = 0;
+    BN_CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    *sm_count = count;
+    return BITNET_OK;
+}
+
 bitnet_status bn_cuda_pointer_device(const void *ptr, int32_t *device) {
     cudaPointerAttributes attr;
     cudaError_t err = cudaPointerGetAttributes(&attr, ptr);

@@ -71,7 +71,7 @@ __device__ void stage_x(const GemvArgs &a, int8_t *x_tile, int *x_sums) {
             int4 v = x[piece];
             sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
         }
-        sum = __reduce_add_sync(~0u, sum);
+        for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(~0u, sum, offset);
         if (lane == 0) x_sums[n] = sum;
     }
     __syncthreads();
@@ -115,8 +115,8 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 
     uint4 w[kChunksPerLane];
     if (tile < tiles) load(w, tile, 0); /* the weights never depend on the previous kernel */
-    cudaTriggerProgrammaticLaunchCompletion();
-    cudaGridDependencySynchronize();
+    bn_pdl_launch_dependents();
+    bn_pdl_wait();
     stage_x<1>(a, x_tile, x_sums);
 
     for (; tile < tiles; tile += warp_stride) {
@@ -152,7 +152,7 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, int b0, int b1) {
-    asm volatile(
+    BN_SM80_ASM(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -195,8 +195,8 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
     int tile = blockIdx.x;
     uint4 w[kStepsPerLoad][2];
     if (tile < tiles && iterations > 0) load(w, tile, 0);
-    cudaTriggerProgrammaticLaunchCompletion();
-    cudaGridDependencySynchronize();
+    bn_pdl_launch_dependents();
+    bn_pdl_wait();
     stage_x<NT>(a, x_tile, x_sums);
 
     for (; tile < tiles; tile += gridDim.x) {
@@ -252,17 +252,6 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
     }
 }
 
-bitnet_status sm_count(int device, int *count) {
-    static int cached[64];
-    if (device < 64 && cached[device] > 0) {
-        *count = cached[device];
-        return BITNET_OK;
-    }
-    BN_CUDA_TRY(cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device));
-    if (device < 64) cached[device] = *count;
-    return BITNET_OK;
-}
-
 /* Launches `kernel` with programmatic stream serialization on a grid of at most `blocks_per_sm`
  * resident blocks per SM (fewer if `work_blocks` is smaller). */
 template <typename Kernel>
@@ -272,23 +261,13 @@ bitnet_status launch(int device, Kernel kernel, int64_t work_blocks, int blocks_
         BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_bytes)));
     int sms = 0, resident = 0;
-    BN_TRY(sm_count(device, &sms));
+    BN_TRY(bn_cuda_sm_count(device, &sms));
     BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, shared_bytes));
     int64_t per_sm = resident < 1 ? 1 : resident < blocks_per_sm ? resident : blocks_per_sm;
     int64_t blocks = work_blocks < sms * per_sm ? work_blocks : sms * per_sm;
 
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(blocks));
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = shared_bytes;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    BN_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, a));
-    BN_CUDA_CHECK_LAUNCH("gemv");
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+                              shared_bytes, stream, a));
     return BITNET_OK;
 }
 
@@ -306,7 +285,10 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
     int64_t y_size = bn_dtype_size(y_dtype);
     /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma) as far as x fits the shared-memory budget;
      * past 16 tokens, or where even 8 do not fit, launches repeat (and read the weights again). */
-    int64_t tokens_fit = kSharedBudget / K;
+    int major = 0;
+    BN_CUDA_TRY(bn_current_cc_major(&major));
+    /* The int8 tensor-core kernel needs sm_80; older GPUs take one token per launch. */
+    int64_t tokens_fit = major >= 8 ? kSharedBudget / K : 0;
     for (int64_t n0 = 0; n0 < N;) {
         int64_t left = N - n0;
         int nt = left == 1 || tokens_fit < 8 ? 1 : left <= 8 || tokens_fit < 16 ? 8 : 16;

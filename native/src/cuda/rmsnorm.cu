@@ -37,14 +37,11 @@ struct NormArgs {
     int64_t rows, cols;
 };
 
-/* Programmatic dependent launch (sm_90+): the kernel may start while the previous kernel on the
- * stream is still running, so it waits for that kernel (and its memory) before touching any array,
- * then lets the next kernel launch early in turn. Only launch latency overlaps, never data. */
+/* Programmatic dependent launch: the kernel waits for the previous kernel on the stream before
+ * touching any array, then lets the next kernel launch early. Only launch latency overlaps. */
 __device__ __forceinline__ void wait_for_previous_kernel() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    bn_pdl_wait();
+    bn_pdl_launch_dependents();
 }
 
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -279,14 +276,9 @@ int smallest_v(int64_t needed) {
 
 bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p % bytes == 0; }
 
-struct Device {
-    int sm_count;
-    bool pdl;
-};
-
 /* Picks the kernel and its shape for the row length and alignment, and launches it. */
 template <typename T, bool RESIDUAL, bool QUANT>
-bitnet_status launch(const NormArgs &a, Device device, cudaStream_t stream) {
+bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
                             aligned(a.weight, 16) && aligned(a.y, 16) && aligned(a.y_q, N);
@@ -295,7 +287,7 @@ bitnet_status launch(const NormArgs &a, Device device, cudaStream_t stream) {
     int64_t threads = 0, grid = 0;
     /* With the residual's second stream of loads, a block per row was faster at every T. */
     const bool warp_per_row = !RESIDUAL && vectorized && vectors <= 32 * WARP_MAX_V &&
-                              a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * device.sm_count;
+                              a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
     if (warp_per_row) {
         kernel = registers_kernel<T, N, true, false, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
@@ -316,26 +308,17 @@ bitnet_status launch(const NormArgs &a, Device device, cudaStream_t stream) {
     if (kernel == nullptr)
         return bn_fail(BITNET_ERR_INTERNAL, "bitnet_rmsnorm: no kernel for H=%lld", (long long)a.cols);
     /* Rows beyond the grid are taken by the blocks' row loops. */
-    const int64_t max_grid = (int64_t)device.sm_count * 64;
+    const int64_t max_grid = (int64_t)sm_count * 64;
     grid = grid < max_grid ? grid : max_grid;
 
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)grid);
-    config.blockDim = dim3((unsigned)threads);
-    config.stream = stream;
-    config.attrs = &pdl;
-    config.numAttrs = device.pdl ? 1 : 0;
-    BN_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, a));
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), 0, stream, a));
     return BITNET_OK;
 }
 
-template <typename T> bitnet_status launch_dtype(const NormArgs &a, Device device, cudaStream_t stream) {
+template <typename T> bitnet_status launch_dtype(const NormArgs &a, int sm_count, cudaStream_t stream) {
     if (a.residual)
-        return a.y_q ? launch<T, true, true>(a, device, stream) : launch<T, true, false>(a, device, stream);
-    return a.y_q ? launch<T, false, true>(a, device, stream) : launch<T, false, false>(a, device, stream);
+        return a.y_q ? launch<T, true, true>(a, sm_count, stream) : launch<T, true, false>(a, sm_count, stream);
+    return a.y_q ? launch<T, false, true>(a, sm_count, stream) : launch<T, false, false>(a, sm_count, stream);
 }
 
 }  // namespace
@@ -345,14 +328,12 @@ bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t 
                               float *y_scales, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    int sm_count = 0, major = 0;
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    const Device traits = {sm_count, major >= 9};
+    int32_t sm_count = 0;
+    BN_TRY(bn_cuda_sm_count(device, &sm_count));
     const NormArgs a = {x, residual, weight, eps, y, y_q, y_scales, T, H};
     switch (dtype) {
-    case BITNET_DTYPE_F32: return launch_dtype<float>(a, traits, bn_stream(stream));
-    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, traits, bn_stream(stream));
-    default: return launch_dtype<__nv_bfloat16>(a, traits, bn_stream(stream));
+    case BITNET_DTYPE_F32: return launch_dtype<float>(a, sm_count, bn_stream(stream));
+    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, sm_count, bn_stream(stream));
+    default: return launch_dtype<__nv_bfloat16>(a, sm_count, bn_stream(stream));
     }
 }
