@@ -4,10 +4,8 @@
 bitnet_status bitnet_argmax(int32_t device, const float *x, int64_t N, int64_t M, int32_t *index,
                             void *stream) {
     BN_TRY(bn_check_device(device));
-    BN_TRY(bn_check_size("argmax: N", N, 4));
-    BN_TRY(bn_check_size("argmax: M", M, 1));
+    BN_TRY(bn_check_matrix("argmax: x", N, M, 4));
     BN_CHECK(M <= INT32_MAX, "argmax: M = %lld does not fit the int32 index", (long long)M);
-    BN_TRY(bn_check_size("argmax: x", N, M * 4));
     BN_TRY(bn_check_pointer(device, x, 4, "argmax: x"));
     BN_TRY(bn_check_pointer(device, index, 4, "argmax: index"));
     if (device == BITNET_DEVICE_CPU) return bn_cpu_argmax(x, N, M, index);

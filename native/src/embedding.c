@@ -8,12 +8,9 @@ bitnet_status bitnet_embedding(int32_t device, int32_t dtype, const void *table,
              "embedding: dtype must be float32, float16 or bfloat16, got %s (%d)",
              bn_dtype_name(dtype), dtype);
     int64_t elem = bn_dtype_size(dtype);
-    BN_TRY(bn_check_size("embedding: V", V, 1));
-    BN_TRY(bn_check_size("embedding: H", H, 1));
-    BN_TRY(bn_check_size("embedding: N", N, 4));
+    BN_TRY(bn_check_matrix("embedding: table", V, H, elem));
+    BN_TRY(bn_check_matrix("embedding: out", N, H, elem));
     BN_CHECK(V <= INT32_MAX, "embedding: V = %lld does not fit the int32 ids", (long long)V);
-    BN_TRY(bn_check_size("embedding: table", V, H * elem));
-    BN_TRY(bn_check_size("embedding: out", N, H * elem));
     BN_TRY(bn_check_pointer(device, table, elem, "embedding: table"));
     BN_TRY(bn_check_pointer(device, ids, 4, "embedding: ids"));
     BN_TRY(bn_check_pointer(device, out, elem, "embedding: out"));

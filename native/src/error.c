@@ -50,6 +50,17 @@ bitnet_status bn_check_size(const char *what, int64_t count, int64_t elem_size) 
     return BITNET_OK;
 }
 
+bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int64_t elem_size) {
+    BN_CHECK(rows > 0 && cols > 0, "%s: size must be positive, got [%lld, %lld]", what,
+             (long long)rows, (long long)cols);
+    int64_t bytes;
+    BN_CHECK(!__builtin_mul_overflow(cols, elem_size, &bytes) &&
+                 !__builtin_mul_overflow(rows, bytes, &bytes),
+             "%s: [%lld, %lld] elements of %lld bytes overflow a 64-bit byte count", what,
+             (long long)rows, (long long)cols, (long long)elem_size);
+    return BITNET_OK;
+}
+
 bitnet_status bn_check_device(int32_t device) {
     if (device == BITNET_DEVICE_CPU) return BITNET_OK;
     BN_CHECK(device >= 0, "device %d is neither the CPU (-1) nor a CUDA device index", device);

@@ -10,13 +10,10 @@ bitnet_status bitnet_gemv_bf16(int32_t device, const void *w, int64_t M, int64_t
     BN_CHECK(y_dtype == BITNET_DTYPE_F32 || y_dtype == BITNET_DTYPE_BF16,
              "gemv_bf16: y dtype must be float32 or bfloat16, got %s (%d)", bn_dtype_name(y_dtype),
              y_dtype);
-    BN_TRY(bn_check_size("gemv_bf16: M", M, 1));
-    BN_TRY(bn_check_size("gemv_bf16: N", N, 1));
-    BN_TRY(bn_check_size("gemv_bf16: K", K, 1));
+    BN_TRY(bn_check_matrix("gemv_bf16: w", M, K, 2));
+    BN_TRY(bn_check_matrix("gemv_bf16: x", N, K, bn_dtype_size(x_dtype)));
+    BN_TRY(bn_check_matrix("gemv_bf16: y", N, M, bn_dtype_size(y_dtype)));
     BN_CHECK(K % 8 == 0, "gemv_bf16: K must be a multiple of 8, got %lld", (long long)K);
-    BN_TRY(bn_check_size("gemv_bf16: w", M, K * 2));
-    BN_TRY(bn_check_size("gemv_bf16: x", N, K * bn_dtype_size(x_dtype)));
-    BN_TRY(bn_check_size("gemv_bf16: y", N, M * bn_dtype_size(y_dtype)));
     BN_TRY(bn_check_pointer(device, w, 16, "gemv_bf16: w"));
     BN_TRY(bn_check_pointer(device, x, 16, "gemv_bf16: x"));
     BN_TRY(bn_check_pointer(device, y, bn_dtype_size(y_dtype), "gemv_bf16: y"));

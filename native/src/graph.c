@@ -10,6 +10,7 @@ bitnet_status bitnet_stream_create(int32_t device, void **stream) {
 
 bitnet_status bitnet_stream_destroy(int32_t device, void *stream) {
     BN_CHECK(stream, "stream_destroy: stream is NULL (the default stream cannot be destroyed)");
+    BN_CHECK(device >= 0, "stream_destroy: device %d is not a CUDA device index", device);
     BN_TRY(bn_check_device(device));
     return BN_CUDA(bn_cuda_stream_destroy(device, stream));
 }
@@ -23,6 +24,7 @@ bitnet_status bitnet_event_create(int32_t device, void **event) {
 
 bitnet_status bitnet_event_destroy(int32_t device, void *event) {
     BN_CHECK(event, "event_destroy: event is NULL");
+    BN_CHECK(device >= 0, "event_destroy: device %d is not a CUDA device index", device);
     BN_TRY(bn_check_device(device));
     return BN_CUDA(bn_cuda_event_destroy(device, event));
 }

@@ -27,6 +27,8 @@ const char *bn_dtype_name(int32_t dtype);
 
 /* Checks that count * elem_size fits in int64 and is positive. */
 bitnet_status bn_check_size(const char *what, int64_t count, int64_t elem_size);
+/* Checks that rows and cols are positive and rows * cols * elem_size fits in int64. */
+bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int64_t elem_size);
 
 /* Checks that `ptr` is non-NULL, aligned to `align` bytes and, for a GPU op, points into the memory
  * of `device`. `name` names the argument in the message. */
