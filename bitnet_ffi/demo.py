@@ -93,7 +93,7 @@ def run(args):
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     selection = select(args.device)
     device = resolve(args.device)
-    report = {"summary": selection.summary(), "device": selection.selected}
+    report = {"tool": "demo", "summary": selection.summary(), "device": selection.selected}
     say = (lambda *a: None) if args.json else print
     say(selection.summary())
     layers = args.layers or (BITNET_2B4T.layers if device != _arrays.CPU else CPU_DEFAULT_LAYERS)

@@ -127,18 +127,27 @@ def test_c_abi_rejects_bad_arguments():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,K,N", [(128256, 2560, 1), (1001, 2560, 8), (77, 136, 11)])
-def test_gemv_bf16_gpu_matches_cpu_and_reference(rng, M, K, N):
+@pytest.mark.parametrize("M,K,N", [(128256, 2560, 1), (128256, 2560, 8), (1001, 2560, 3),
+                                   (333, 96, 2), (77, 136, 11), (16, 64, 17)])
+@pytest.mark.parametrize("x_dtype", ["bfloat16", "float32"])
+def test_gemv_bf16_gpu_matches_cpu_and_reference(rng, M, K, N, x_dtype):
+    """Covers both GPU kernels: one token or float32 x on CUDA cores, 2..8 bfloat16 tokens (K a
+    multiple of 32) on tensor cores, with M not a multiple of 16 and token tiles of 8."""
     torch = pytest.importorskip("torch")
-    w, x = random_bf16(rng, (M, K)), random_bf16(rng, (N, K))
+    w = random_bf16(rng, (M, K))
+    x = random_bf16(rng, (N, K)) if x_dtype == "bfloat16" else rng.standard_normal((N, K)).astype(np.float32)
     cpu = bitnet_ffi.gemv_bf16(w, x)
     wt = torch.from_numpy(w.view(np.int16)).cuda().view(torch.bfloat16)
-    xt = torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+    xt = (torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16) if x_dtype == "bfloat16"
+          else torch.from_numpy(x).cuda())
     out = torch.full((N, M), float("nan"), device="cuda")
     gpu = bitnet_ffi.gemv_bf16(wt, xt, out=out).cpu().numpy()
     ref = reference_gemv(w, x)
-    assert rel_error(gpu, ref) < BOUND["float32"] and rel_error(cpu, ref) < BOUND["float32"]
     assert np.isfinite(gpu).all()
+    assert rel_error(gpu, ref) < BOUND["float32"] and rel_error(cpu, ref) < BOUND["float32"]
+    out_bf16 = torch.full((N, M), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = bitnet_ffi.gemv_bf16(wt, xt, out_dtype="bfloat16", out=out_bf16).float().cpu().numpy()
+    assert rel_error(got, ref) < BOUND["bfloat16"]
 
 
 @pytest.mark.gpu

@@ -110,26 +110,33 @@ def main():
         results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024))))
         torch.cuda.empty_cache()
 
-    print(f"\n{name}, torch {torch.__version__}, read bandwidth {read_bw:.0f} GB/s (torch.sum, 2 GiB)\n")
-    print("Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)\n")
-    print("| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in results:
-        if r["kind"] == "decode":
-            print(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | {r['pct_read_bw']:.0f}% | "
-                  f"{r['torch_us']:.2f} | {r['torch_gbps']:.0f} | {r['torch_pct_read_bw']:.0f}% | "
-                  f"{r['max_abs_diff_vs_torch']:.3g} |")
-    print("\nCausal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)\n")
-    print("| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in results:
-        if r["kind"] == "prefill":
-            print(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {r['torch_us']:.1f} | "
-                  f"{r['torch_tflops']:.0f} | {r['max_abs_diff_vs_torch']:.3g} |")
+    result = dict(tool="attention", device=name, torch=torch.__version__,
+                  read_bandwidth_gbps=read_bw, results=results)
+    print(markdown(result))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=name, torch=torch.__version__, read_bandwidth_gbps=read_bw,
-                           results=results), f, indent=2)
+            json.dump(result, f, indent=2)
+
+
+def markdown(result):
+    lines = [f"Attention on {result['device']}, torch {result['torch']}, L2 cold; read bandwidth "
+             f"(torch.sum over 2 GiB) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s.", "",
+             "Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)", "",
+             "| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["results"]:
+        if r["kind"] == "decode":
+            lines.append(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | "
+                         f"{r['pct_read_bw']:.0f}% | {r['torch_us']:.2f} | {r['torch_gbps']:.0f} | "
+                         f"{r['torch_pct_read_bw']:.0f}% | {r['max_abs_diff_vs_torch']:.3g} |")
+    lines += ["", "Causal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)", "",
+              "| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in result["results"]:
+        if r["kind"] == "prefill":
+            lines.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {r['torch_us']:.1f} | "
+                         f"{r['torch_tflops']:.0f} | {r['max_abs_diff_vs_torch']:.3g} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,9 @@ import time
 import numpy as np
 
 import bitnet_ffi as bn
-from gpu_bench import graph_time_us, read_bandwidth_gbps
+from gpu_bench import REPLAYS, graph_time_us, read_bandwidth_gbps
 
 ROTATE_BYTES = 512 << 20
-REPLAYS = 7
 
 # Microsoft's W2A8 kernel, batch 1, cold, and torch bf16 cold, from ANCHORS.md (H100, CUDA 13.0).
 ANCHORS = {  # (M, K): (microsoft cold us, torch bf16 cold us)
@@ -123,7 +122,8 @@ def run_gpu(quick, gemv_only):
     if not gemv_only:
         rows += bench_quantizers(torch, read_gbps)
         print(rows[-2:], flush=True)
-    return {"device": torch.cuda.get_device_name(), "read_bandwidth_GBps": read_gbps, "rows": rows}
+    return {"tool": "gemv", "device": torch.cuda.get_device_name(), "read_bandwidth_GBps": read_gbps,
+            "rows": rows}
 
 
 def markdown_gpu(result):
@@ -189,7 +189,8 @@ def run_cpu():
                  "GBps": M * K / 4 / t_lib / 1e9, "numpy_reference_s": t_ref,
                  "speedup_vs_numpy": t_ref / t_lib})
     print(rows[-1], flush=True)
-    return {"device": "cpu", "memcpy_GBps": copy_gbps, "numpy_read_GBps": read_gbps, "rows": rows}
+    return {"tool": "gemv", "device": "cpu", "memcpy_GBps": copy_gbps, "numpy_read_GBps": read_gbps,
+            "rows": rows}
 
 
 def markdown_cpu(result):
@@ -205,6 +206,10 @@ def markdown_cpu(result):
     return "\n".join(lines)
 
 
+def markdown(result):
+    return markdown_cpu(result) if result["device"] == "cpu" else markdown_gpu(result)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="benchmark the CPU backend")
@@ -214,7 +219,7 @@ def main():
     parser.add_argument("--json", help="write the results to this path")
     args = parser.parse_args()
     result = run_cpu() if args.cpu else run_gpu(args.quick, args.gemv_only)
-    print(markdown_cpu(result) if args.cpu else markdown_gpu(result))
+    print(markdown(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -24,9 +24,9 @@ static void pack_word(const int8_t values[16], uint8_t *bytes) {
     }
 }
 
+/* The clamps are fmaxf then fminf, as on the GPU: a NaN becomes the lower bound on both. */
 static int8_t quantize_weight(float w, float scale) {
-    float q = rintf(w / scale);
-    return (int8_t)(q > 1.0f ? 1 : q < -1.0f ? -1 : q);
+    return (int8_t)fminf(fmaxf(rintf(w / scale), -1.0f), 1.0f);
 }
 
 bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int64_t K,
@@ -95,7 +95,7 @@ bitnet_status bn_cpu_quantize_a8(const void *x, int32_t x_dtype, int64_t N, int6
         float scale = 127.0f / fmaxf(max_abs, 1e-5f);
         for (int64_t k = 0; k < K; k++) {
             float q = rintf(load_float(x, x_dtype, n * K + k) * scale);
-            x_q[n * K + k] = (int8_t)(q > 127.0f ? 127 : q < -128.0f ? -128 : q);
+            x_q[n * K + k] = (int8_t)fminf(fmaxf(q, -128.0f), 127.0f);
         }
         x_scales[n] = scale;
     }

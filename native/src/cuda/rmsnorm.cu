@@ -141,9 +141,9 @@ __device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, con
     }
 }
 
-/* y = p * r where asked for, and the codes rint(p * r * scale). Since |p| <= max |p| and
- * scale = 127 / (max |p| * r), |p * r * scale| <= 127 up to a few roundings, so the rule's clamp to
- * [-128, 127] never binds for finite inputs and is left out. */
+/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)). For finite
+ * inputs the clamp never binds (|p| <= max |p|); it is there for NaN, which fmaxf turns into -128
+ * exactly as the CPU backend does. */
 template <typename T, int N, bool QUANT>
 __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, const float (&p)[N], float r,
                                               float r_scale) {
@@ -156,7 +156,8 @@ __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, cons
     if (QUANT) {
         Pack<int8_t, N> q;
 #pragma unroll
-        for (int j = 0; j < N; j++) q.e[j] = (int8_t)__float2int_rn(p[j] * r_scale);
+        for (int j = 0; j < N; j++)
+            q.e[j] = (int8_t)__float2int_rn(fminf(fmaxf(p[j] * r_scale, -128.0f), 127.0f));
         store<int8_t, N>(a.y_q, i, q);
     }
 }
