@@ -194,6 +194,7 @@ def detect():
 
 def select(requested=None):
     """Applies BITNET_DEVICE (or `requested`) to the detection."""
+    source = "device" if requested else "BITNET_DEVICE"
     requested = (requested or os.environ.get("BITNET_DEVICE") or "auto").strip().lower()
     detection = detect()
     cuda = [d for d in detection.devices if d.backend == "cuda"]
@@ -208,7 +209,7 @@ def select(requested=None):
         return Selection(requested, "cpu", -1, False, detection)
     match = re.fullmatch(r"cuda(?::(\d+))?", requested)
     if not match:
-        raise ConfigurationError(f"BITNET_DEVICE={requested!r}: expected auto, cpu, cuda or cuda:N")
+        raise ConfigurationError(f"{source}={requested!r}: expected auto, cpu, cuda or cuda:N")
     index = int(match.group(1) or 0)
     for d in cuda:
         if d.index == index:
@@ -216,8 +217,7 @@ def select(requested=None):
                              "a fake GPU: ops sent to it raise NoDeviceError" if d.fake else "")
     found = ", ".join(d.label for d in cuda) or "none"
     why = f" ({detection.no_gpu_reason})" if detection.no_gpu_reason else ""
-    raise NoDeviceError(f"BITNET_DEVICE={requested}: no such CUDA device (CUDA devices: {found})"
-                        f"{why}")
+    raise NoDeviceError(f"{source}={requested}: no such CUDA device (CUDA devices: {found}){why}")
 
 
 def resolve(device=None):
