@@ -77,9 +77,13 @@ bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, c
     BN_CHECK(ptr != NULL, "%s is NULL", name);
     BN_CHECK((uintptr_t)ptr % (uintptr_t)align == 0, "%s (%p) is not aligned to %lld bytes", name,
              ptr, (long long)align);
-    if (device == BITNET_DEVICE_CPU) return BITNET_OK;
     int32_t where = BITNET_DEVICE_CPU;
     BN_TRY(bitnet_pointer_device(ptr, &where));
+    if (device == BITNET_DEVICE_CPU) {
+        BN_CHECK(where == BITNET_DEVICE_CPU,
+                 "%s (%p) is memory of CUDA device %d, but the op runs on the CPU", name, ptr, where);
+        return BITNET_OK;
+    }
     if (where == BITNET_DEVICE_CPU)
         return bn_fail(BITNET_ERR_INVALID_ARGUMENT,
                        "%s (%p) is host memory, but the op runs on CUDA device %d", name, ptr, device);

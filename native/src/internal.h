@@ -30,8 +30,9 @@ bitnet_status bn_check_size(const char *what, int64_t count, int64_t elem_size);
 /* Checks that rows and cols are positive and rows * cols * elem_size fits in int64. */
 bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int64_t elem_size);
 
-/* Checks that `ptr` is non-NULL, aligned to `align` bytes and, for a GPU op, points into the memory
- * of `device`. `name` names the argument in the message. */
+/* Checks that `ptr` is non-NULL, aligned to `align` bytes and points into the memory of `device`
+ * (host memory for a CPU op). `name` names the argument in the message. In a CUDA build on a
+ * machine with a GPU, asking the runtime where a pointer lives creates the CUDA context. */
 bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name);
 
 /* Checks that `device` is the CPU or an existing CUDA device. */
