@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import bitnet_ffi
 from gpu_bench import graph_time_us, read_bandwidth_gbps
+from report import attention_markdown
 
 HQ, HKV, D = 20, 5, 128
 ROTATE_BYTES = 512 << 20
@@ -112,31 +113,10 @@ def main():
 
     result = dict(tool="attention", device=name, torch=torch.__version__,
                   read_bandwidth_gbps=read_bw, results=results)
-    print(markdown(result))
+    print(attention_markdown(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-
-
-def markdown(result):
-    lines = [f"Attention on {result['device']}, torch {result['torch']}, L2 cold; read bandwidth "
-             f"(torch.sum over 2 GiB) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s.", "",
-             "Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)", "",
-             "| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["results"]:
-        if r["kind"] == "decode":
-            lines.append(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | "
-                         f"{r['pct_read_bw']:.0f}% | {r['torch_us']:.2f} | {r['torch_gbps']:.0f} | "
-                         f"{r['torch_pct_read_bw']:.0f}% | {r['max_abs_diff_vs_torch']:.3g} |")
-    lines += ["", "Causal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)", "",
-              "| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for r in result["results"]:
-        if r["kind"] == "prefill":
-            lines.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {r['torch_us']:.1f} | "
-                         f"{r['torch_tflops']:.0f} | {r['max_abs_diff_vs_torch']:.3g} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

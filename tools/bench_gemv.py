@@ -19,20 +19,10 @@ import time
 import numpy as np
 
 import bitnet_ffi as bn
-from gpu_bench import REPLAYS, graph_time_us, read_bandwidth_gbps
+from gpu_bench import graph_time_us, read_bandwidth_gbps
+from report import ANCHORS, MICROSOFT_2B4T_US, PROJECTIONS_2B4T, gemv_markdown
 
 ROTATE_BYTES = 512 << 20
-
-# Microsoft's W2A8 kernel, batch 1, cold, and torch bf16 cold, from ANCHORS.md (H100, CUDA 13.0).
-ANCHORS = {  # (M, K): (microsoft cold us, torch bf16 cold us)
-    (2560, 2560): (5.48, 7.81), (3840, 2560): (5.41, 9.60), (13824, 2560): (8.95, 27.07),
-    (2560, 6912): (10.48, 17.08), (3200, 3200): (6.05, 12.63), (4800, 3200): (6.12, 13.68),
-    (3200, 10240): (14.39, 27.41), (20480, 3200): (12.87, 48.48), (5120, 27648): (48.77, 101.80),
-    (55296, 5120): (43.05, 198.81),
-}
-PROJECTIONS_2B4T = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
-MICROSOFT_2B4T_US = 30.3
-
 
 def random_packed(torch, M, K, copies):
     """`copies` packed weight matrices of valid codes (0..2 in every 2-bit field)."""
@@ -126,22 +116,6 @@ def run_gpu(quick, gemv_only):
             "rows": rows}
 
 
-def markdown_gpu(result):
-    lines = [f"W2A8 GEMV on {result['device']}, L2 cold, median of {REPLAYS} graph replays; read "
-             f"bandwidth measured in the same run: {result['read_bandwidth_GBps']:.0f} GB/s.", "",
-             "| op | M×K | N | µs | GB/s | % read BW | torch bf16 µs | × torch | Microsoft cold µs "
-             "| × Microsoft |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        shape = f"{r['M']}×{r['K']}" if "M" in r else ""
-        lines.append("| {} | {} | {} | {:.2f} | {:.0f} | {:.0f}% | {} | {} | {} | {} |".format(
-            r["op"], shape, r.get("N", ""), r["us"], r["GBps"], r["pct_read_bw"],
-            f"{r['torch_bf16_us']:.2f}" if "torch_bf16_us" in r else "",
-            f"{r['speedup_vs_torch']:.1f}" if "speedup_vs_torch" in r else "",
-            f"{r['microsoft_cold_us']:.2f}" if "microsoft_cold_us" in r else "",
-            f"{r['speedup_vs_microsoft']:.2f}" if "speedup_vs_microsoft" in r else ""))
-    return "\n".join(lines)
-
-
 def time_s(fn, repeats=3):
     fn()
     times = []
@@ -193,23 +167,6 @@ def run_cpu():
             "rows": rows}
 
 
-def markdown_cpu(result):
-    lines = [f"W2A8 GEMV on the CPU; numpy memcpy of 1 GiB: {result['memcpy_GBps']:.1f} GB/s (read +"
-             f" write), numpy read (sum): {result['numpy_read_GBps']:.1f} GB/s.", "",
-             "| op | M×K | ms | GB/s (packed weights) | numpy reference ms | × numpy |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        lines.append("| {} | {}×{} | {:.2f} | {:.1f} | {} | {} |".format(
-            r["op"], r["M"], r["K"], r["s"] * 1e3, r["GBps"],
-            f"{r['numpy_reference_s'] * 1e3:.0f}" if "numpy_reference_s" in r else "",
-            f"{r['speedup_vs_numpy']:.0f}" if "speedup_vs_numpy" in r else ""))
-    return "\n".join(lines)
-
-
-def markdown(result):
-    return markdown_cpu(result) if result["device"] == "cpu" else markdown_gpu(result)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="benchmark the CPU backend")
@@ -219,7 +176,7 @@ def main():
     parser.add_argument("--json", help="write the results to this path")
     args = parser.parse_args()
     result = run_cpu() if args.cpu else run_gpu(args.quick, args.gemv_only)
-    print(markdown(result))
+    print(gemv_markdown(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import bitnet_ffi
 from gpu_bench import graph_time_us, read_bandwidth_gbps
+from report import rmsnorm_markdown
 
 ROTATE_BYTES = 256 << 20
 MIN_CALLS, MAX_CALLS = 20, 25600
@@ -104,25 +105,10 @@ def main():
         torch.cuda.empty_cache()
 
     result = {"tool": "rmsnorm", "device": device, "read_bandwidth_gbps": read_bw, "rows": rows}
-    print(markdown(result))
+    print(rmsnorm_markdown(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-
-
-def markdown(result):
-    names = {"norm": "rmsnorm", "add": "add_rmsnorm", "quant": "rmsnorm_quantize",
-             "add_quant": "rmsnorm_quantize + residual"}
-    lines = [f"RMSNorm on {result['device']}, L2 cold; read bandwidth (torch.sum over 2 GiB, "
-             f"graph-timed) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s.", "",
-             "| op | dtype | H | T | ours µs | ours GB/s | ours % read | torch µs | torch GB/s | "
-             "torch % read | speed-up |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        theirs = (f"{r['torch_us']:.2f} | {r['torch_gbps']:.0f} | {r['torch_pct_read']:.0f}% | "
-                  f"{r['torch_us'] / r['ours_us']:.2f}x" if "torch_us" in r else "- | - | - | -")
-        lines.append(f"| {names[r['variant']]} | {r['dtype']} | {r['H']} | {r['T']} | "
-                     f"{r['ours_us']:.2f} | {r['ours_gbps']:.0f} | {r['ours_pct_read']:.0f}% | {theirs} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
