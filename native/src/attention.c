@@ -78,11 +78,7 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
     static const char fn[] = "bitnet_attention";
     BN_TRY(bn_check_device(device));
     int on_gpu = device != BITNET_DEVICE_CPU;
-    BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
-             "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype, bn_dtype_name(dtype));
-    if (on_gpu && dtype == BITNET_DTYPE_F32)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: float32 runs on the CPU only; use float16 or "
-                       "bfloat16 on a GPU", fn);
+    BN_TRY(bn_check_activation_dtype(fn, device, dtype));
     int64_t q_count = 0, kv_count = 0;
     BN_TRY(check_sizes(fn, B, Sq, Hq, Hkv, D, C, &q_count, &kv_count));
     if (D != 64 && D != 128)

@@ -61,6 +61,15 @@ bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int6
     return BITNET_OK;
 }
 
+bitnet_status bn_check_activation_dtype(const char *op, int32_t device, int32_t dtype) {
+    BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
+             "%s: dtype %d (%s) is not float32, float16 or bfloat16", op, dtype, bn_dtype_name(dtype));
+    if (device != BITNET_DEVICE_CPU && dtype == BITNET_DTYPE_F32)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: float32 runs on the CPU only; use float16 or "
+                       "bfloat16 on a GPU", op);
+    return BITNET_OK;
+}
+
 bitnet_status bn_check_device(int32_t device) {
     if (device == BITNET_DEVICE_CPU) return BITNET_OK;
     BN_CHECK(device >= 0, "device %d is neither the CPU (-1) nor a CUDA device index", device);

@@ -35,6 +35,10 @@ bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int6
  * machine with a GPU, asking the runtime where a pointer lives creates the CUDA context. */
 bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name);
 
+/* Checks that dtype is float32, float16 or bfloat16, and that a GPU op (device >= 0) gets one of
+ * the 16-bit ones: the dtype rule of the attention and layer-glue ops. */
+bitnet_status bn_check_activation_dtype(const char *op, int32_t device, int32_t dtype);
+
 /* Checks that `device` is the CPU or an existing CUDA device. */
 bitnet_status bn_check_device(int32_t device);
 

@@ -7,10 +7,7 @@ bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_
     static const char fn[] = "bitnet_relu2_gate";
     BN_TRY(bn_check_device(device));
     int on_gpu = device != BITNET_DEVICE_CPU;
-    BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
-             "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype, bn_dtype_name(dtype));
-    if (on_gpu && dtype == BITNET_DTYPE_F32)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: float32 runs on the CPU only", fn);
+    BN_TRY(bn_check_activation_dtype(fn, device, dtype));
     BN_CHECK(T > 0 && F > 0, "%s: T and F must be positive, got %lld and %lld", fn, (long long)T,
              (long long)F);
     BN_CHECK(F <= INT32_MAX && T <= INT64_MAX / (2 * F), "%s: T * 2F overflows", fn);

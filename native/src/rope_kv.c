@@ -11,10 +11,7 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
     static const char fn[] = "bitnet_rope_append_kv";
     BN_TRY(bn_check_device(device));
     int on_gpu = device != BITNET_DEVICE_CPU;
-    BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
-             "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype, bn_dtype_name(dtype));
-    if (on_gpu && dtype == BITNET_DTYPE_F32)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: float32 runs on the CPU only", fn);
+    BN_TRY(bn_check_activation_dtype(fn, device, dtype));
     BN_CHECK(B > 0 && S > 0 && Hq > 0 && Hkv > 0 && D > 0 && C > 0,
              "%s: B, S, Hq, Hkv, D and C must be positive, got %lld, %lld, %lld, %lld, %lld, %lld",
              fn, (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D,
