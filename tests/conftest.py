@@ -18,13 +18,14 @@ try:  # hypothesis profiles for the property tests: "ci" (default, keeps tier 1 
 
     _RELAXED = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                 HealthCheck.data_too_large]
-    settings.register_profile("ci", max_examples=20, deadline=None, print_blob=True,
+    settings.register_profile("ci", max_examples=100, deadline=None, print_blob=True,
                               suppress_health_check=_RELAXED)
-    settings.register_profile("deep", max_examples=300, deadline=None, print_blob=True,
+    settings.register_profile("deep", max_examples=500, deadline=None, print_blob=True,
                               suppress_health_check=_RELAXED)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:
     pass
+
 GPU_MARKERS = ("gpu_smoke", "gpu", "multi_gpu")
 
 

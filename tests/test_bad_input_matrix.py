@@ -3,19 +3,17 @@ of arguments mutated one argument at a time, must return the documented status w
 naming the problem, and leave every output untouched (outputs are poisoned and compared byte for
 byte before and after).
 
-One table, MUTATIONS, drives both the C ABI (raw cffi calls) and, through GPU_MUTATIONS, the same
-calls on CUDA device 0 with torch tensors (tier 3). The Python API has its own table, PYTHON_CASES.
+One table, MUTATIONS, drives raw cffi calls of the ops on the CPU (tier 1) and on CUDA device 0
+with torch tensors (tier 3); RUNTIME_CASES covers the entry points without op arrays (memory,
+streams, events, graphs, version, CPU path); python_cases() is the table of the Python API.
 Mutation classes: NULL, misaligned (+1 byte), host instead of device memory (GPU), zero, negative
 and overflowing sizes (count * element size > 2^63), dtype and enum values outside the enum or
 unsupported, mismatched shapes, NaN / infinite scalars (eps, scale, theta), device indices that are
-negative or past the last device, and out-of-range index contents (ids, positions, seq_lens).
-Known library bugs are listed in KNOWN_BUGS and run in a child process (some crash the process)."""
+negative or past the last device, a CPU op given device memory, and out-of-range index contents
+(ids, positions, seq_lens)."""
 import math
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,12 +73,9 @@ class Memory:
         return array.data_ptr() if self.gpu else array.ctypes.data
 
     def host_copy_ptr(self, array):
-        host = self.put_host(self.read(array))
+        host = Memory(False).put(self.read(array))
         self.keep.append(host)
         return host.ctypes.data
-
-    def put_host(self, data):
-        return Memory(False).put(data)
 
     def read(self, array):
         if self.gpu:
@@ -227,10 +222,12 @@ def host_pointers(*names):
     return [Mutation(n, HOST, INVALID, "is host memory", "gpu") for n in names]
 
 
-def bad_devices():
+def bad_devices(pointers=True):
+    """Devices that do not exist; with `pointers`, also the CPU asked to run on device memory."""
     return [Mutation("device", -2, INVALID, "neither the CPU"),
             Mutation("device", 4096, NO_DEVICE, "does not exist"),
-            Mutation("device", PAST_LAST_DEVICE, NO_DEVICE, "does not exist", "gpu")]
+            Mutation("device", PAST_LAST_DEVICE, NO_DEVICE, "does not exist", "gpu")] + (
+        [Mutation("device", -1, INVALID, "but the op runs on the CPU", "gpu")] if pointers else [])
 
 
 def non_positive(fragment, *names):
@@ -312,7 +309,7 @@ MUTATIONS = {
         Mutation("seq_lens", np.array([6], np.int32), INVALID, "is outside", "cpu"),  # > C
     ] + pointers("q", "k", "v", "out", aligned=("q", "k", "v", "out", "seq_lens"))
       + host_pointers("seq_lens"),
-    "attention_workspace_size": bad_devices()
+    "attention_workspace_size": bad_devices(pointers=False)
     + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C") + [
         Mutation("Hq", 3, INVALID, "not a multiple of Hkv"),
         Mutation("B", BIG, INVALID, "overflows"),
@@ -346,6 +343,7 @@ MUTATIONS = {
         Mutation("K", 12, INVALID, "multiple of 8"),
         Mutation("M", 1 << 60, INVALID, "overflow a 64-bit byte count"),
         Mutation("N", 1 << 60, INVALID, "overflow a 64-bit byte count"),
+        Mutation("K", BIG, INVALID, "overflow a 64-bit byte count"),  # K * 2 itself overflows
     ] + pointers("w", "x", "y", aligned=("w", "x", "y")),
     "argmax": bad_devices() + non_positive("size must be positive", "N", "M") + [
         Mutation("M", 1 << 31, INVALID, "does not fit the int32 index"),
@@ -357,6 +355,8 @@ MUTATIONS = {
         Mutation("V", 1 << 31, INVALID, "does not fit the int32 ids"),
         Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
         Mutation("H", 1 << 40, INVALID, "overflow a 64-bit byte count"),  # V * H * 4, V = 2^30
+        Mutation("H", BIG, INVALID, "overflow a 64-bit byte count"),  # H * 4 wraps to 0
+        Mutation("H", BIG + 1, INVALID, "overflow a 64-bit byte count"),  # H * 4 wraps to 4
         Mutation("ids", np.array([4, 5, 0], np.int32), INVALID, "is outside [0, 5)", "cpu"),
         Mutation("ids", np.array([-1, 0, 0], np.int32), INVALID, "is outside [0, 5)", "cpu"),
     ] + pointers("table", "ids", "out", aligned=("table", "ids", "out")),
@@ -503,11 +503,13 @@ RUNTIME_CASES = [
     ("stream_create", [4096, "out:void **"], (NO_DEVICE, "does not exist")),
     ("stream_destroy", [0, "NULL"], (INVALID, "the default stream cannot be destroyed")),
     ("stream_destroy", [4096, "fake"], (NO_DEVICE, "does not exist")),
+    ("stream_destroy", [-1, "fake"], (INVALID, "not a CUDA device index")),
     ("event_create", [0, "NULL"], (INVALID, "event is NULL")),
     ("event_create", [-1, "out:void **"], (INVALID, "not a CUDA device index")),
     ("event_create", [4096, "out:void **"], (NO_DEVICE, "does not exist")),
     ("event_destroy", [0, "NULL"], (INVALID, "event is NULL")),
     ("event_destroy", [4096, "fake"], (NO_DEVICE, "does not exist")),
+    ("event_destroy", [-1, "fake"], (INVALID, "not a CUDA device index")),
     ("event_record", ["NULL", "NULL"], (INVALID, "event is NULL")),
     ("event_elapsed_ms", ["NULL", "fake", "out:float *"], (INVALID, "NULL start")),
     ("event_elapsed_ms", ["fake", "NULL", "out:float *"], (INVALID, "NULL end")),
@@ -520,20 +522,11 @@ RUNTIME_CASES = [
 ]
 if not CUDA_BUILD:  # with CUDA, a NULL stream is the legacy default stream: nothing to reject
     RUNTIME_CASES.append(("stream_synchronize", ["NULL"], WITHOUT_CUDA))
-# Library bug: the destroy calls do not reject device -1 as their create calls do; they return
-# BITNET_ERR_CUDA (cudaSetDevice(-1) fails) or, without CUDA, BITNET_ERR_NO_DEVICE.
-RUNTIME_BUGS = [("stream_destroy", [-1, "fake"], (INVALID, "not a CUDA device index")),
-                ("event_destroy", [-1, "fake"], (INVALID, "not a CUDA device index"))]
-
-
-def runtime_params():
-    bug = pytest.mark.xfail(strict=True, reason="library bug: destroy accepts device -1")
-    return ([pytest.param(*c, id=f"{c[0]}-{i}") for i, c in enumerate(RUNTIME_CASES)] +
-            [pytest.param(*c, id=f"{c[0]}-bug{i}", marks=bug) for i, c in enumerate(RUNTIME_BUGS)])
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("entry,args,expected", runtime_params())
+@pytest.mark.parametrize("entry,args,expected", RUNTIME_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(RUNTIME_CASES)])
 def test_cpu_runtime_entry(entry, args, expected):
     host = np.full(16, 0x7F, np.uint8)
     converted, outputs = [], []
@@ -786,46 +779,8 @@ def test_every_entry_point_is_in_the_matrix(capsys):
     with capsys.disabled():
         print(f"\n[bad-input matrix] {len(declared_entry_points())} entry points; C ABI: {c_cpu} "
               f"CPU cases (tier 1), {c_gpu} GPU cases (tier 3); Python API: "
-              f"{len(PYTHON_CASE_NAMES)} cases (tier 1); known bugs: {len(KNOWN_BUGS)}")
+              f"{len(PYTHON_CASE_NAMES)} cases (tier 1)")
     assert c_cpu >= 250 and c_gpu >= 150 and len(PYTHON_CASE_NAMES) >= 60
-
-
-# ---------------------------------------------------------------- known library bugs
-
-
-# Each runs alone in a child process, because some of them crash it. The snippet prints the status
-# and message; the test asserts the behaviour the ABI promises, so it fails until the bug is fixed.
-KNOWN_BUGS = {
-    # bitnet_embedding checks V * (H * elem) but computes H * elem unchecked: H = 2^62 with float32
-    # wraps it to 0 and the check divides INT64_MAX by it (SIGFPE); H = 2^62 + 1 wraps it to 4 and
-    # the call returns BITNET_OK, copying 4 bytes per row.
-    "embedding H*4 wraps to 0": ("embedding", {"H": 1 << 62}, INVALID, "overflow"),
-    "embedding H*4 wraps to 4": ("embedding", {"H": (1 << 62) + 1}, INVALID, "overflow"),
-}
-
-CHILD = """
-import sys, numpy as np
-sys.path.insert(0, {tests!r})
-import test_bad_input_matrix as m
-mem = m.Memory(False)
-call = m.valid_call({entry!r}, mem, np.random.default_rng(0))
-status, message, before, after = m.run_call(mem, call, {changes!r})
-untouched = all(before[n] == after[n] for n in call.outputs)
-print(status, untouched, message)
-"""
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize("name", sorted(KNOWN_BUGS))
-@pytest.mark.xfail(strict=True, reason="library bug reported by issue 7 (see KNOWN_BUGS)")
-def test_known_bug(name):
-    entry, changes, status, fragment = KNOWN_BUGS[name]
-    code = CHILD.format(tests=str(Path(__file__).parent), entry=entry, changes=changes)
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           timeout=60, cwd=Path(__file__).resolve().parents[1])
-    assert child.returncode == 0, f"the call crashed the process (exit {child.returncode})"
-    got_status, untouched, message = child.stdout.split(" ", 2)
-    assert int(got_status) == status and fragment in message and untouched == "True", child.stdout
 
 
 # ---------------------------------------------------------------- tier 3: C ABI on CUDA device 0

@@ -11,7 +11,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, note
+from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
 import bitnet_ffi as bn
@@ -30,6 +30,8 @@ GPU_FLOATS = ("float16", "bfloat16")  # attention and the layer glue run float32
 EXPONENTS = {"float32": (-30.0, 30.0), "bfloat16": (-30.0, 30.0), "float16": (-2.0, 3.0)}
 SUBNORMAL = {"float32": 1e-40, "bfloat16": 1e-40, "float16": 1e-6}
 NON_FINITE = (math.nan, math.inf, -math.inf)
+# The spacing of each dtype's subnormals: the absolute error of a result rounded there.
+SUBNORMAL_STEP = {"float32": 2.0**-149, "float16": 2.0**-24, "bfloat16": 2.0**-133}
 
 BACKENDS = [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -84,7 +86,8 @@ def draw_floats(data, shape, dtype, exponents=None, subnormals=True, non_finite=
 
 def assert_ieee_close(got, ref, dtype, rtol, atol, special_ref=None):
     """Where the reference (or special_ref), rounded to `dtype`, is NaN or +-inf, got is the same;
-    elsewhere |got - ref| <= rtol |ref| + atol."""
+    elsewhere |got - ref| <= rtol |ref| + atol + a subnormal step of `dtype` (the rounding of a
+    result that lands among the subnormals)."""
     got = np.asarray(got, np.float64)
     special_ref = ref if special_ref is None else special_ref
     rounded = np.asarray(special_ref).astype(_arrays.numpy_dtype(dtype)).astype(np.float64)
@@ -94,7 +97,8 @@ def assert_ieee_close(got, ref, dtype, rtol, atol, special_ref=None):
                                   rounded[special & ~np.isnan(rounded)], "infinities")
     with np.errstate(invalid="ignore"):
         err = np.abs(got - ref)[~special]
-        bound = np.broadcast_to(rtol * np.abs(ref) + atol, ref.shape)[~special]
+        bound = np.broadcast_to(rtol * np.abs(ref) + atol + SUBNORMAL_STEP[dtype],
+                                ref.shape)[~special]
     assert np.all(err <= bound), f"max excess {np.max(err - bound):.3g}"
 
 
@@ -115,8 +119,9 @@ def choose_isa(data, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
 def test_fuzz_quantize_a8(backend, data, cpu_isa_reset):
-    """Finite x: codes and scales exact. NaN entries are left out of the row maximum (and their
-    code is unspecified); a row with +-inf gets scale 0 and code 0 for every finite entry."""
+    """Finite x: codes and scales exact. NaN entries are left out of the row maximum; a row with
+    +-inf gets scale 0, so code 0 for every finite entry; a NaN product (NaN * s, inf * 0) takes
+    the lower clamp, -128 (fmaxf semantics)."""
     choose_isa(data, backend)
     dtype = data.draw(st.sampled_from(FLOATS), label="dtype")
     N, K = data.draw(st.integers(1, 5), label="N"), 128 * data.draw(st.integers(1, 4), label="K/128")
@@ -128,8 +133,9 @@ def test_fuzz_quantize_a8(backend, data, cpu_isa_reset):
     has_inf = inf.any(axis=1)
     want_s[has_inf] = 0
     want_q[has_inf] = 0
+    want_q[nan | inf] = -128
     np.testing.assert_array_equal(s, want_s)
-    np.testing.assert_array_equal(x_q[~(nan | inf)], want_q[~(nan | inf)])
+    np.testing.assert_array_equal(x_q, want_q)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -137,8 +143,8 @@ def test_fuzz_quantize_a8(backend, data, cpu_isa_reset):
 def test_fuzz_quantize_i2s(backend, data, cpu_isa_reset):
     """Finite w: scales within one float32 ulp of the float64 mean, codes exact. A segment with a
     NaN gets the floor scale 1e-5 (the comparison with the floor fails); one with +-inf (and no
-    NaN) gets scale inf and code 0 for its finite weights; codes of non-finite weights are
-    unspecified."""
+    NaN) gets scale inf, so code 0 for its finite weights. Codes follow
+    fmin(fmax(rint(w / scale), -1), 1) in float32: a NaN quotient takes the lower clamp, -1."""
     choose_isa(data, backend)
     dtype = data.draw(st.sampled_from(FLOATS), label="dtype")
     M, K = data.draw(st.integers(1, 24), label="M"), 128 * data.draw(st.integers(1, 3), label="K/128")
@@ -165,7 +171,10 @@ def test_fuzz_quantize_i2s(backend, data, cpu_isa_reset):
     assert np.all(np.abs(scales[finite_scale] - want[finite_scale])
                   <= np.spacing(want[finite_scale]))
     want_codes = ref_codes(np.where(finite, w32, 0), scales)
-    np.testing.assert_array_equal(codes[finite], want_codes[finite])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        quotient = np.rint(w32 / scales[:, None])
+    want_codes[~finite] = np.fmin(np.fmax(quotient, -1), 1)[~finite]  # np.fmax drops NaN like fmaxf
+    np.testing.assert_array_equal(codes, want_codes)
     if finite.all():
         np.testing.assert_array_equal(to_numpy(tw.packed), ref_pack(codes))
 
@@ -205,7 +214,8 @@ def test_fuzz_gemv_w2a8(backend, data, cpu_isa_reset):
     tw = bn.pack_ternary(to_backend(backend, w_q), to_backend(backend, w_scales))
     y = to_numpy(bn.gemv_w2a8(tw, to_backend(backend, x_q), to_backend(backend, x_scales),
                               out_dtype=out_dtype))
-    dot, _ = ref_gemv(w_q, w_scales, x_q, x_scales)
+    with np.errstate(all="ignore"):
+        dot, _ = ref_gemv(w_q, w_scales, x_q, x_scales)
     if out_dtype == "int32":
         np.testing.assert_array_equal(y, dot)
         return
@@ -220,9 +230,8 @@ def test_fuzz_gemv_w2a8(backend, data, cpu_isa_reset):
 
 
 # y = (v * w) * r in float32: where v * w is subnormal its rounding (up to 2^-150) is scaled by
-# r = 1 / RMS, then y is rounded to the dtype: two steps of its subnormal grid cover both: the absolute
-# part of the bound. test_rmsnorm's ATOL assumes one rounding.
-SUBNORMAL_STEP = {"float32": 2.0**-148, "float16": 2.0**-23, "bfloat16": 2.0**-132}
+# r = 1 / RMS, then y is rounded to the dtype (a step of its subnormal grid, SUBNORMAL_STEP): the
+# absolute part of the bound. test_rmsnorm's ATOL assumes one rounding.
 
 
 def check_ordinary_rows(variant, got, x, weight, eps, residual):
@@ -234,7 +243,7 @@ def check_ordinary_rows(variant, got, x, weight, eps, residual):
         r = 1 / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps)
         err = np.abs(got["y"].astype(np.float64) - y_ref)
         bound = (RMSNORM_RTOL[x.dtype.name] * np.abs(y_ref) + SUBNORMAL_STEP[x.dtype.name]
-                 + 2.0**-150 * r * np.abs(weight.astype(np.float64)))
+                 + 2.0**-150 * r)
         assert np.all(err <= bound), f"y: max excess {np.nanmax(err - bound):.3g}"
     if "y_q" in got:
         check_quantized(got["y_q"], got["scales"], y_ref)
@@ -253,12 +262,13 @@ def test_fuzz_rmsnorm(backend, data):
     eps = data.draw(st.sampled_from([0.0, 1e-6, 1e-5, 1e-2]), label="eps")
     x = draw_floats(data, (T, H), dtype, non_finite=True)
     residual = draw_floats(data, (T, H), dtype, non_finite=True, label="residual")
-    sign = np.where(np.random.default_rng(H).random(H) < 0.5, -1.0, 1.0)
-    weight = (sign * np.random.default_rng(T).uniform(0.25, 2.0, H)).astype(x.dtype)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="weight seed"))
+    weight = (rng.choice([-1.0, 1.0], H) * rng.uniform(0.25, 2.0, H)).astype(x.dtype)  # never 0
     got = run_rmsnorm(variant, x, weight, eps, residual, lambda a: to_backend(backend, a), to_numpy)
     v = x.astype(np.float32)
     if "add" in variant:
-        v = (residual.astype(np.float32) + v).astype(x.dtype).astype(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf, float16 overflow
+            v = (residual.astype(np.float32) + v).astype(x.dtype).astype(np.float32)
     nan_rows, inf_rows = np.isnan(v).any(axis=1), np.isinf(v).any(axis=1) & ~np.isnan(v).any(axis=1)
     ordinary = ~(nan_rows | inf_rows)
     # With eps = 0, a row whose RMS is under 2^-128 has a reciprocal RMS over the float32 range:
@@ -310,16 +320,20 @@ def test_fuzz_attention(backend, data):
         target = {"q": q, "k": k, "v": v}[where]
         at = data.draw(st.integers(0, target.size - 1), label="NaN at")
         target.reshape(-1)[at] = np.nan
+    if where == "v":  # which queries see the NaN's key
+        b, j, kvh, d = np.unravel_index(at, shape_kv)
+        L = C if lens is None else lens[b]
+        seen_by = [i for i in range(Sq) if j < L and (not causal or j <= L - Sq + i)]
+        # known GPU bug (test_gpu_attention_nan_in_a_masked_value_stays_out): left out here so
+        # that the rest of the GPU attention is still fuzzed
+        assume(backend == "cpu" or len(seen_by) == Sq)
     out = to_numpy(bn.attention(*(to_backend(backend, a) for a in (q, k, v)), causal=causal,
                                 scale=scale, seq_lens=lens))
     with np.errstate(invalid="ignore"):
-        ref = reference_attention(q, k, np.nan_to_num(v, nan=0.0), causal, scale, lens)
+        ref = reference_attention(q, k, np.nan_to_num(v.astype(np.float64), nan=0.0), causal,
+                                  scale, lens)
     if where == "v":  # the reference's einsum would also multiply masked keys' 0 weight by NaN
-        b, j, kvh, d = np.unravel_index(at, shape_kv)
-        L = C if lens is None else lens[b]
-        for i in range(Sq):
-            if j < L and (not causal or j <= L - Sq + i):
-                ref[b, i, kvh * G:(kvh + 1) * G, d] = np.nan
+        ref[b, seen_by, kvh * G:(kvh + 1) * G, d] = np.nan
     out64 = out.astype(np.float64)
     np.testing.assert_array_equal(np.isnan(out64), np.isnan(ref), "NaN positions")
     finite_v = np.nan_to_num(v.astype(np.float64), nan=0.0)
@@ -331,6 +345,27 @@ def test_fuzz_attention(backend, data):
 def largest_finite(a):
     a = a.astype(np.float64)
     return max(float(np.abs(a[np.isfinite(a)]).max(initial=0.0)), 1e-30)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", [
+    pytest.param("causal", marks=pytest.mark.xfail(
+        strict=True, reason="library bug: on the GPU a NaN value at a causally masked key leaks "
+                            "into the query's output (0 * NaN)")),
+    "seq_lens"])
+def test_gpu_attention_nan_in_a_masked_value_stays_out(mask):
+    """A key a query may not see must not reach its output, even when its value is NaN (a KV
+    cache holds whatever was written last). The CPU gets this right (tier 1 fuzz)."""
+    import torch
+    rng = np.random.default_rng(0)
+    q, k, v = (torch.from_numpy(rng.standard_normal(shape).astype(np.float16)).cuda()
+               for shape in ((1, 2, 1, 64), (1, 3, 1, 64), (1, 3, 1, 64)))
+    v[0, 2, 0, 0] = float("nan")  # key 2: seen by query 1 only (causal), or by none (seq_lens 2)
+    if mask == "causal":
+        out = bn.attention(q, k, v, causal=True)[0, 0]
+    else:
+        out = bn.attention(q, k, v, causal=False, seq_lens=[2])[0]
+    assert not torch.isnan(out).any()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -397,7 +432,8 @@ def test_fuzz_relu2_gate(backend, data):
 @given(data=st.data())
 def test_fuzz_gemv_bf16(backend, data):
     """Against the float64 product: each output within (K + 2) 2^-24 sum |x w| (float32
-    accumulation) plus the output rounding; NaN and +-inf as in the reference (IEEE)."""
+    accumulation) + K 2^-150 (products rounded in the subnormal range) plus the output rounding;
+    NaN and +-inf as in the reference (IEEE)."""
     M, N = data.draw(st.integers(1, 40), label="M"), data.draw(st.integers(1, 4), label="N")
     K = 8 * data.draw(st.integers(1, 40), label="K/8")
     x_dtype = data.draw(st.sampled_from(("float32", "bfloat16")), label="x dtype")
@@ -411,7 +447,7 @@ def test_fuzz_gemv_bf16(backend, data):
         ref = reference_gemv(w, x)
         magnitude = np.abs(x64) @ np.abs(w64).T
     rounding = 2.0**-8 if out_dtype == "bfloat16" else 2.0**-24
-    assert_ieee_close(y, ref, out_dtype, 0, (K + 2) * 2.0**-24 * magnitude
+    assert_ieee_close(y, ref, out_dtype, 0, (K + 2) * 2.0**-24 * magnitude + K * 2.0**-150
                       + rounding * np.abs(np.nan_to_num(ref)))
 
 
