@@ -3,7 +3,8 @@
 #   make CUDA_ARCHS=90        only sm_90 (faster builds for one machine)
 #   make BITNET_CPU_ONLY=1    the CPU-only library even where nvcc exists
 #   make clean
-#   make demo / make test     set up .venv, build, and run the main job / the tests (see README)
+#   make demo / make test     set up .venv, build, and run the main job / the tests (see README);
+#                             make test also runs tier 1 against the library built with ASan + UBSan
 
 BUILD_DIR   ?= build
 MAKEFLAGS   += -j$(shell nproc 2>/dev/null || echo 2)
@@ -88,6 +89,7 @@ demo: $(VENV)/.installed all
 
 test: $(VENV)/.installed all
 	$(VENV)/bin/python ci/tiers.py --tier $(TIER)
+	$(MAKE) asan-test
 
 # The CPU library under AddressSanitizer and UndefinedBehaviorSanitizer (any report is fatal), and
 # tier 1 run against it. Python itself is not instrumented, so the ASan runtime is preloaded and

@@ -5,6 +5,7 @@ tensors and any object with ``__cuda_array_interface__`` (CuPy), all used zero-c
 that it is dense; ``check`` validates dtype and shape with messages that show what was received;
 ``prepare`` does both for all of an op's arguments, checks that they share one device and finds the
 stream to run on. Nothing here ever copies between host and device behind the caller's back."""
+import math
 import weakref
 
 import numpy as np
@@ -227,7 +228,10 @@ class DeviceArray:
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"DeviceArray: negative dimension in shape {list(shape)}")
         self.shape, self.dtype, self.device = shape, dtype, int(device)
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[dtype]
+        self.nbytes = math.prod(shape) * ITEMSIZE[dtype]  # Python ints: no silent wrap-around
+        if self.nbytes >= 1 << 63:
+            raise InvalidArgumentError(f"DeviceArray: shape {list(shape)} of {dtype} is "
+                                       f"{self.nbytes} bytes, more than a 64-bit size holds")
         out = _ffi.ffi.new("void **")
         _ffi.call("malloc", self.device, self.nbytes, out)
         self.ptr = int(_ffi.ffi.cast("uintptr_t", out[0]))
@@ -237,7 +241,7 @@ class DeviceArray:
     def _view(cls, base, ptr, shape):
         view = cls.__new__(cls)
         view.shape, view.dtype, view.device = tuple(shape), base.dtype, base.device
-        view.nbytes = int(np.prod(view.shape, dtype=np.int64)) * ITEMSIZE[base.dtype]
+        view.nbytes = math.prod(view.shape) * ITEMSIZE[base.dtype]
         view.ptr, view._base = ptr, base  # the base owns the memory; the view keeps it alive
         view._finalizer = lambda: None
         return view
@@ -249,7 +253,7 @@ class DeviceArray:
             known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
             shape = tuple(self.nbytes // ITEMSIZE[self.dtype] // known if d == -1 else d
                           for d in shape)
-        if int(np.prod(shape, dtype=np.int64)) * ITEMSIZE[self.dtype] != self.nbytes:
+        if math.prod(shape) * ITEMSIZE[self.dtype] != self.nbytes:
             raise InvalidArgumentError(f"cannot reshape {list(self.shape)} to {list(shape)}")
         return DeviceArray._view(self, self.ptr, shape)
 
