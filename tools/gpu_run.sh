@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds for sm_90 and runs, on a GPU machine, the stages named as arguments, logging to $OUT (or
-# ./gpu-logs): tiers (tiers 1-3 under BITNET_STRICT_MODE=1), demo (the main job as JSON, batch 1
-# and 8, and --check), bench (the GEMV, RMSNorm and attention benchmarks as JSON).
+# ./gpu-logs): tiers (tiers 1-3 under BITNET_STRICT_MODE=1), demo (--check, then the main job as
+# JSON at batch 1 and 8, and their tables), bench (the GEMV, RMSNorm and attention benchmarks).
 #   tools/gpu_run.sh tiers demo bench
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,12 +18,11 @@ for stage in "$@"; do
         tail -15 "$out/tiers.log" ;;
     demo)
         python3 -m bitnet_ffi demo --check 2>&1 | tee "$out/demo_check.log" | tail -3 || status=1
-        python3 -m bitnet_ffi demo > "$out/demo.log" 2> "$out/demo.err" || status=1
-        tail -20 "$out/demo.log"
         for batch in 1 8; do
             python3 -m bitnet_ffi demo --json --batch "$batch" > "$out/demo_b$batch.json" \
                 2>> "$out/demo.err" || status=1
-        done ;;
+        done
+        python3 tools/report.py "$out/demo_b1.json" "$out/demo_b8.json" ;;
     bench)
         for op in gemv rmsnorm attention; do
             python3 "tools/bench_$op.py" --json "$out/bench_$op.json" > "$out/bench_$op.log" 2>&1 \
