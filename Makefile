@@ -7,7 +7,9 @@
 #                             make test also runs tier 1 against the library built with ASan + UBSan
 
 BUILD_DIR   ?= build
+ifeq ($(MAKELEVEL),0)
 MAKEFLAGS   += -j$(shell nproc 2>/dev/null || echo 2)
+endif
 LIB         := $(BUILD_DIR)/libbitnet.so
 CUDA_ARCHS  ?= 75 80 86 89 90
 CC          ?= cc

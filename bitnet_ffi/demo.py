@@ -163,39 +163,37 @@ def torch_comparison(weights, args, context):
 
 # GPU and CPU sum in float32 in different orders (about 1e-7 apart). A value that lands that close
 # to a bfloat16 or int8 rounding boundary rounds differently; when it is a token's largest
-# activation the token's whole int8 scale moves, and the random network turns that into a few
-# percent of the logits. Tokens are compared up to the first step where that happened.
-CHECK_EXACT, CHECK_BOUND = 1e-5, 5e-2
+# activation the token's whole int8 scale moves, and the random network turns that into up to a
+# fifth of the logits' norm, which stays in the KV cache for the later steps. Wrong results would be
+# unrelated logits, about sqrt(2) apart. So the check asks: every step under CHECK_BOUND, at least
+# half of the steps equal to CHECK_EXACT, and equal greedy tokens up to the first step that moved.
+CHECK_EXACT, CHECK_BOUND, CHECK_STEPS = 1e-5, 0.5, 6
 
 
 def check(args):
-    """The reduced model on the GPU and on the CPU: first-token logits within CHECK_BOUND, and the
-    greedy tokens equal for 6 steps (or until a rounding flip moved the logits)."""
+    """The reduced model on the GPU and on the CPU, compared step by step (see CHECK_BOUND)."""
     gpu = resolve(args.device if args.device not in (None, "auto") else "cuda")
     runs = {}
     for device in (_arrays.CPU, gpu):
         session = Session(random_weights(TINY, device, args.seed), 2, 32, device)
         prompt = np.random.default_rng(args.seed + 1).integers(0, TINY.vocab, (2, 9))
         steps = [(session.prefill(prompt), session.download(session.prefill_logits).copy())]
-        for _ in range(5):
+        for _ in range(CHECK_STEPS - 1):
             tokens = session.decode()
             steps.append((tokens, session.download(session.decode_buffers["logits"]).copy()))
         runs[device] = steps
-    error = first_error = None
-    compared = 0
+    errors, tokens_equal = [], 0
     for (cpu_tokens, cpu_logits), (gpu_tokens, gpu_logits) in zip(runs[_arrays.CPU], runs[gpu]):
-        error = np.linalg.norm(gpu_logits - cpu_logits) / np.linalg.norm(cpu_logits)
-        first_error = error if first_error is None else first_error
-        if (cpu_tokens != gpu_tokens).any():
-            break
-        compared += 1
-        if error >= CHECK_EXACT:
-            break
-    tokens_ok = compared == 6 or error >= CHECK_EXACT
-    passed = first_error < CHECK_BOUND and tokens_ok
-    print(f"first-token logits, GPU vs CPU: relative error {first_error:.2e} (bound "
-          f"{CHECK_BOUND:.0e}); greedy tokens equal for {compared} of 6 steps"
-          f"{'' if compared == 6 else ' (a rounding flip moved the logits there)' if tokens_ok else ''}")
+        errors.append(float(np.linalg.norm(gpu_logits - cpu_logits) / np.linalg.norm(cpu_logits)))
+        if tokens_equal == len(errors) - 1 and (cpu_tokens == gpu_tokens).all():
+            tokens_equal += 1
+    moved = next((i for i, e in enumerate(errors) if e >= CHECK_EXACT), CHECK_STEPS)
+    exact = sum(e < CHECK_EXACT for e in errors)
+    passed = max(errors) < CHECK_BOUND and 2 * exact >= CHECK_STEPS and tokens_equal >= moved
+    print("GPU vs CPU logits, relative error per step: " + " ".join(f"{e:.1e}" for e in errors))
+    print(f"{exact} of {CHECK_STEPS} steps equal (< {CHECK_EXACT:.0e}), all under {CHECK_BOUND}: "
+          f"{max(errors) < CHECK_BOUND}; greedy tokens equal for the first {tokens_equal} steps "
+          f"(needed: {moved}, the steps before any rounding flip)")
     print("PASS" if passed else "FAIL")
     return 0 if passed else 1
 

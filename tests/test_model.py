@@ -82,13 +82,14 @@ def reference_logits(weights, ids):
 # With bfloat16 rounding at the same points, the library and the reference differ only by float32
 # against float64 sums: about 1e-7 relative (EXACT_BOUND). Now and then a value lands within that
 # of a bfloat16 or int8 rounding boundary and rounds the other way; when it is a token's largest
-# activation, the whole token's int8 scale moves, and the random network amplifies that to a few
-# percent of the logits (FLIP_BOUND). So: every step within FLIP_BOUND, most steps exact.
-EXACT_BOUND, FLIP_BOUND = 1e-5, 5e-2
+# activation the token's whole int8 scale moves, and the random network amplifies that (seen: up to
+# 0.2 of the logits' norm, and it stays in the KV cache for the later steps). Wrong wiring gives
+# unrelated logits, about sqrt(2) apart. So: every step under FLIP_BOUND, most steps exact.
+EXACT_BOUND, FLIP_BOUND = 1e-5, 0.5
 
 
 def check_steps(errors):
-    assert max(errors) < FLIP_BOUND, errors
+    assert all(e < FLIP_BOUND for e in errors), errors
     assert sum(e < EXACT_BOUND for e in errors) >= len(errors) / 2, errors
 
 
