@@ -280,8 +280,12 @@ class Session:
             self.forward(self.decode_buffers, 1)
         return graph
 
-    def decode(self):
-        """One decode step (a graph replay on the GPU); returns the tokens it produced."""
+    def decode(self, ids=None):
+        """One decode step (a graph replay on the GPU); returns the tokens it produced. `ids`
+        (host integers, one per sequence) replaces the step's input tokens, which are otherwise
+        the last step's outputs: teacher forcing, for comparing two runs step by step."""
+        if ids is not None:
+            self.upload(np.asarray(ids, dtype=np.int32), self.decode_buffers["ids"])
         if self.stream is None:
             self.forward(self.decode_buffers, 1)
         else:
