@@ -156,12 +156,11 @@ class Session:
         """The activations of `steps` tokens per sequence (1 for decode, P for a prompt)."""
         c, N = self.config, self.batch * steps
         H, I = c.hidden, c.intermediate
+        q_shape = (self.batch, steps, c.heads, c.head_dim)
+        kv_shape = (self.batch, steps, c.kv_heads, c.head_dim)
         b = {"ids": self.alloc((N,), "int32"), "h": self.alloc((N, H), BF16),
              "x_q": self.alloc((N, I), "int8"), "x_s": self.alloc((N,), "float32"),
-             "q": self.alloc((self.batch, steps, c.heads, c.head_dim), BF16),
-             "k": self.alloc((self.batch, steps, c.kv_heads, c.head_dim), BF16),
-             "v": self.alloc((self.batch, steps, c.kv_heads, c.head_dim), BF16),
-             "attn": self.alloc((self.batch, steps, c.heads, c.head_dim), BF16),
+             "attn": self.alloc(q_shape, BF16),
              "proj": self.alloc((N, H), BF16), "gate_up": self.alloc((N, 2 * I), BF16),
              "gated": self.alloc((N, I), BF16), "y": self.alloc((N, H), BF16),
              "last": self.alloc((self.batch, H), BF16),
@@ -171,9 +170,12 @@ class Session:
         if N == 1:  # one token: q, k and v are views of the fused QKV projection's output
             b["qkv"] = self.alloc((1, H + 2 * c.kv_dim), BF16)
             flat = b["qkv"].reshape(-1)
-            b["q"] = flat[:H].reshape(b["q"].shape)
-            b["k"] = flat[H:H + c.kv_dim].reshape(b["k"].shape)
-            b["v"] = flat[H + c.kv_dim:].reshape(b["v"].shape)
+            b["q"] = flat[:H].reshape(q_shape)
+            b["k"] = flat[H:H + c.kv_dim].reshape(kv_shape)
+            b["v"] = flat[H + c.kv_dim:].reshape(kv_shape)
+        else:
+            b.update(q=self.alloc(q_shape, BF16), k=self.alloc(kv_shape, BF16),
+                     v=self.alloc(kv_shape, BF16))
         ws = attention_workspace_size(self.device, self.batch, steps, c.heads, c.kv_heads,
                                       c.head_dim, self.capacity)
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
