@@ -140,6 +140,15 @@ def check(array, name, dtypes, shape):
     return array
 
 
+def tokens(shape, name):
+    """(N, K, the leading shape of a per-token result) for an array of shape [K] or [N, K]."""
+    if len(shape) == 1:
+        return 1, shape[0], ()
+    if len(shape) == 2:
+        return shape[0], shape[1], (shape[0],)
+    raise InvalidArgumentError(f"{name}: expected shape [K] or [N, K], got {list(shape)}")
+
+
 def stream_handle(stream):
     """A cudaStream_t value from an int, a torch.cuda.Stream or a cupy Stream."""
     for attribute in ("cuda_stream", "ptr"):

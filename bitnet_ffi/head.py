@@ -8,15 +8,6 @@ from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import InvalidArgumentError
 
 
-def _tokens(x, name):
-    """(N, K, the shape of y's leading dims) for x of shape [K] or [N, K]."""
-    if len(x.shape) == 1:
-        return 1, x.shape[0], ()
-    if len(x.shape) == 2:
-        return x.shape[0], x.shape[1], (x.shape[0],)
-    raise InvalidArgumentError(f"{name}: expected shape [K] or [N, K], got {list(x.shape)}")
-
-
 def gemv_bf16(w, x, out_dtype="float32", out=None, stream=None):
     """Dense bfloat16 GEMV with float32 accumulation: ``y[n, m] = sum_k x[n, k] * w[m, k]``.
 
@@ -37,7 +28,7 @@ def gemv_bf16(w, x, out_dtype="float32", out=None, stream=None):
     wa = _arrays.check(arrays["w"], "w", "bfloat16", (None, None))
     M, K = wa.shape
     xa = arrays["x"]
-    N, Kx, lead = _tokens(xa, "x")
+    N, Kx, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", ("float32", "bfloat16"), (*lead, K))
     if out_dtype not in ("float32", "bfloat16"):
         raise InvalidArgumentError(f"out_dtype must be float32 or bfloat16, got {out_dtype!r}")
@@ -64,7 +55,7 @@ def argmax(x, out=None, stream=None):
     """
     arrays, device, handle = _arrays.prepare({"x": x, "out": out}, stream)
     xa = arrays["x"]
-    N, M, lead = _tokens(xa, "x")
+    N, M, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", "float32", (*lead, M))
     if out is None:
         out = _arrays.new_like(xa, lead, "int32")

@@ -153,15 +153,6 @@ def pack_ternary(w_q, scales, stream=None):
     return TernaryWeights(packed, scales)
 
 
-def _tokens(shape, name):
-    """(N, K, leading shape) for an array of shape [K] or [N, K]."""
-    if len(shape) == 1:
-        return 1, shape[0], ()
-    if len(shape) == 2:
-        return shape[0], shape[1], (shape[0],)
-    raise InvalidArgumentError(f"{name}: expected shape [K] or [N, K], got {list(shape)}")
-
-
 def quantize_a8(x, stream=None):
     """Per-token absmax int8 quantization of activations.
 
@@ -177,7 +168,7 @@ def quantize_a8(x, stream=None):
     """
     arrays, device, handle = _arrays.prepare({"x": x}, stream)
     xa = arrays["x"]
-    N, K, lead = _tokens(xa.shape, "x")
+    N, K, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", FLOAT_DTYPES, (*lead, K))
     x_q = _arrays.new_like(xa, (*lead, K), "int8")
     s = _arrays.new_like(xa, (N,), "float32")
@@ -215,7 +206,7 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
         {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "out": out}, stream)
     M, K = w.shape
     xa = arrays["x_q"]
-    N, _, lead = _tokens(xa.shape, "x_q")
+    N, _, lead = _arrays.tokens(xa.shape, "x_q")
     _arrays.check(xa, "x_q", "int8", (*lead, K))
     sa = arrays["s"]
     _arrays.check(sa, "s", "float32", sa.shape if not lead and sa.size == 1 else (N,))
