@@ -4,7 +4,7 @@ import math
 import numpy as np
 
 from . import _arrays, _ffi
-from ._arrays import CPU, DTYPE_CODES, FLOAT_DTYPES
+from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import InvalidArgumentError
 
 
@@ -99,28 +99,9 @@ def _seq_lens(seq_lens, qa, B, Sq, C, causal):
         if bad.size:
             raise InvalidArgumentError(f"seq_lens[{bad[0]}] = {host[bad[0]]} is outside "
                                        f"[{low}, C = {C}]")
-        return upload_int32(host, qa, "seq_lens")
+        return _arrays.upload_int32(host, qa, "seq_lens")
     lens = _arrays.as_array(seq_lens, "seq_lens")
     if lens.device != qa.device:
         raise InvalidArgumentError(f"seq_lens is on {_arrays.device_name(lens.device)}, but q is "
                                    f"on {_arrays.device_name(qa.device)}")
     return _arrays.check(lens, "seq_lens", "int32", (B,))
-
-
-def upload_int32(host, reference, name):
-    """An int32 copy of checked host values on the reference's device (explicit, synchronous)."""
-    host = np.ascontiguousarray(host, dtype=np.int32)
-    if reference.device == CPU:
-        return _arrays.as_array(host, name)
-    if reference.kind == "torch":
-        import torch
-        uploaded = torch.from_numpy(host).to(reference.obj.device)
-        torch.cuda.current_stream(reference.device).synchronize()  # complete before any stream reads it
-        return _arrays.as_array(uploaded, name)
-    if reference.kind == "cupy":
-        import cupy
-        with cupy.cuda.Device(reference.device):
-            uploaded = cupy.asarray(host)
-            cupy.cuda.get_current_stream().synchronize()
-        return _arrays.as_array(uploaded, name)
-    return _arrays.as_array(_arrays.DeviceArray.from_numpy(host, reference.device), name)

@@ -6,7 +6,6 @@ import numpy as np
 
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
-from .attention import upload_int32
 from .errors import InvalidArgumentError
 
 BITNET_ROPE_THETA = 500000.0
@@ -60,7 +59,7 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
         if bad.size:
             raise InvalidArgumentError(f"positions[{bad[0]}] = {host[bad[0]]}: {S} new tokens do "
                                        f"not fit a cache of C = {C}")
-        pos = upload_int32(host, qa, "positions")
+        pos = _arrays.upload_int32(host, qa, "positions")
     else:
         pos = _arrays.as_array(positions, "positions")
         if pos.device != device:
