@@ -45,21 +45,6 @@ class Clock:
         self.seconds = time.perf_counter() - self.start
 
 
-def graph_ms(session, graph, replays):
-    """Median device milliseconds of one replay of `graph`, replays back to back."""
-    from .cuda_graph import Event
-    start, end = Event(session.device), Event(session.device)
-    graph.launch()  # warm-up
-    times = []
-    for _ in range(3):
-        start.record(session.stream)
-        for _ in range(replays):
-            graph.launch()
-        end.record(session.stream)
-        times.append(start.elapsed_ms(end) / replays)
-    return sorted(times)[1]
-
-
 def op_breakdown(session):
     """Milliseconds per op kind of one decode step: on a GPU, each kind's ops captured alone and
     replayed; on the CPU, the wall time of each op in one step."""
@@ -73,7 +58,7 @@ def op_breakdown(session):
     for kind in Session.KINDS:
         session.only = {kind}
         graph = session.capture()
-        breakdown[kind] = graph_ms(session, graph, 5)
+        breakdown[kind] = graph.time_ms(5)
         session.upload(saved[0], session.positions)
         session.upload(saved[1], session.seq_lens)
     session.only = None
@@ -128,7 +113,7 @@ def run(args):
         f"{' ...' if generated.shape[1] > 16 else ''}")
 
     if session.stream is not None:
-        step_ms = graph_ms(session, session.graph, TIMED_REPLAYS)
+        step_ms = session.graph.time_ms(TIMED_REPLAYS)
         method = "CUDA graph replays, device time"
     else:
         step_ms = 1e3 * clock.seconds / max(1, args.tokens - 1)
