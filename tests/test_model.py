@@ -80,17 +80,19 @@ def reference_logits(weights, ids):
 
 
 # With bfloat16 rounding at the same points, the library and the reference differ only by float32
-# against float64 sums: about 1e-7 relative (EXACT_BOUND). Now and then a value lands within that
-# of a bfloat16 or int8 rounding boundary and rounds the other way; when it is a token's largest
-# activation the token's whole int8 scale moves, and the random network amplifies that (seen: up to
-# 0.2 of the logits' norm, and it stays in the KV cache for the later steps). Wrong wiring gives
-# unrelated logits, about sqrt(2) apart. So: every step under FLIP_BOUND, most steps exact.
-EXACT_BOUND, FLIP_BOUND = 1e-5, 0.5
+# against float64 sums: about 1e-7 relative (EXACT_BOUND). But a value that lands within that of a
+# bfloat16 or int8 rounding boundary rounds the other way, and in this small random network such a
+# flip moves the logits by about 1e-3 to 1e-2 of their norm (up to 0.44 when it moves a token's
+# int8 scale); it stays in the KV cache for the later steps. Over 350 seeds, a quarter of the
+# sequences flipped within their prompt, the median of a run's errors stayed under 0.021 and the
+# largest error under 0.44. Wrong wiring gives unrelated logits, about sqrt(2) apart. So: every
+# step under FLIP_BOUND and the run's median error under MEDIAN_BOUND.
+EXACT_BOUND, MEDIAN_BOUND, FLIP_BOUND = 1e-5, 0.1, 0.9
 
 
 def check_steps(errors):
     assert all(e < FLIP_BOUND for e in errors), errors
-    assert sum(e < EXACT_BOUND for e in errors) >= len(errors) / 2, errors
+    assert np.median(errors) < MEDIAN_BOUND, errors
 
 
 def run_session(device, seed, decode_steps, forced=None):
