@@ -10,14 +10,14 @@ from .errors import (BitNetError, ConfigurationError, CudaError, InternalError,
                      UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import relu2_gate, rope_append_kv
-from .norm import add_rmsnorm, rmsnorm, rmsnorm_quantize
+from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm, rmsnorm_quantize
 from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
                       quantize_i2s, set_cpu_isa)
 
 __all__ = [
-    "DeviceArray", "Stream", "Event", "Graph", "detect", "select", "resolve",
-    "quantize_i2s", "pack_ternary", "TernaryWeights", "quantize_a8", "gemv_w2a8", "cpu_isa",
-    "set_cpu_isa", "rmsnorm", "add_rmsnorm", "rmsnorm_quantize", "attention",
+    "DeviceArray", "Stream", "Event", "Graph", "detect", "select", "resolve", "quantize_i2s",
+    "pack_ternary", "TernaryWeights", "quantize_a8", "gemv_w2a8", "cpu_isa", "set_cpu_isa",
+    "rmsnorm", "add_rmsnorm", "rmsnorm_quantize", "relu2_rmsnorm_quantize", "attention",
     "attention_workspace_size", "rope_append_kv", "relu2_gate", "gemv_bf16", "argmax", "embedding",
     "add_int32", "library_version", "device_synchronize", "BitNetError", "InvalidArgumentError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",

@@ -20,8 +20,8 @@ from . import _arrays, _ffi
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Graph, Stream
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer import relu2_gate, rope_append_kv
-from .norm import add_rmsnorm, rmsnorm_quantize
+from .layer import rope_append_kv
+from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
 from .ternary import TernaryWeights, gemv_w2a8, quantize_i2s
 
 BF16 = "bfloat16"
@@ -111,7 +111,7 @@ class Session:
     just those ops, for the per-op time breakdown."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
-             "relu2 gate", "output head", "argmax", "bookkeeping")
+             "output head", "argmax", "bookkeeping")
 
     def __init__(self, weights, batch, capacity, device):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
@@ -162,7 +162,7 @@ class Session:
              "x_q": self.alloc((N, I), "int8"), "x_s": self.alloc((N,), "float32"),
              "attn": self.alloc(q_shape, BF16),
              "proj": self.alloc((N, H), BF16), "gate_up": self.alloc((N, 2 * I), BF16),
-             "gated": self.alloc((N, I), BF16), "y": self.alloc((N, H), BF16),
+             "y": self.alloc((N, H), BF16),
              "last": self.alloc((self.batch, H), BF16),
              "logits": self.alloc((self.batch, c.vocab), "float32")}
         # decode writes the next ids over the ones it has read; a prompt has more ids than that
@@ -195,12 +195,17 @@ class Session:
         self.times[kind] = self.times.get(kind, 0.0) + time.perf_counter() - start
         return result
 
-    def norm_quantize(self, x, weight, b, residual=None):
-        """int8 rows of rmsnorm(x), or of rmsnorm(residual += x), for the next ternary layer."""
+    def norm_quantize(self, x, weight, b, residual=None, gated=False):
+        """int8 rows of rmsnorm(x), or of rmsnorm(residual += x), for the next ternary layer;
+        `gated`: of rmsnorm(relu2_gate(x)), x being the [rows, 2 * width] gate|up projection."""
         rows, width = x.shape[0], weight.shape[0]
         x_q, x_s = _flat(b["x_q"], rows, width), b["x_s"][:rows]
-        self.op("rmsnorm (+int8)", rmsnorm_quantize, x, weight, eps=self.config.eps,
-                residual=residual, out=(x_q, x_s))
+        if gated:
+            self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, x, weight, eps=self.config.eps,
+                    out=(x_q, x_s))
+        else:
+            self.op("rmsnorm (+int8)", rmsnorm_quantize, x, weight, eps=self.config.eps,
+                    residual=residual, out=(x_q, x_s))
         return x_q, x_s
 
     def project(self, weights, x_q, x_s, out):
@@ -229,8 +234,7 @@ class Session:
             # FFN block: h += down(sub_norm(relu2(gate) * up)), its input norm fused with the add
             f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
             self.project(layer.gate_up, f_q, f_s, b["gate_up"])
-            self.op("relu2 gate", relu2_gate, b["gate_up"], out=b["gated"])
-            g_q, g_s = self.norm_quantize(b["gated"], layer.ffn_sub_norm, b)
+            g_q, g_s = self.norm_quantize(b["gate_up"], layer.ffn_sub_norm, b, gated=True)
             self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
         self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,

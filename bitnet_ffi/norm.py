@@ -1,5 +1,6 @@
-"""RMSNorm and its fused variants: the residual add before it and the int8 quantization after it
-(docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call."""
+"""RMSNorm and its fused variants: the residual add or the squared-ReLU gate before it and the
+int8 quantization after it (docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call, or one
+bitnet_relu2_rmsnorm call for the gate."""
 import numpy as np
 
 from . import _arrays, _ffi
@@ -74,46 +75,91 @@ def rmsnorm_quantize(x, weight, eps=1e-5, residual=None, out=None, y_out=None, s
     -------
     (y_q, scales)
     """
-    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
-        raise InvalidArgumentError("out: expected a pair (y_q, scales)")
-    y_q, scales = out if out is not None else (None, None)
+    y_q, scales = _quantized_pair(out)
     _, y_q, scales = _rmsnorm(x, weight, eps, residual, y_out, True, (y_q, scales), stream)
     return y_q, scales
 
 
-def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream):
-    """The one C call: returns (y, y_q, scales), None for what was not asked for."""
+def relu2_rmsnorm_quantize(gate_up, weight, eps=1e-5, out=None, y_out=None, stream=None):
+    """The squared-ReLU gate fused with rmsnorm_quantize of its result, reading gate_up once::
+
+        v = relu2_gate(gate_up)                          (float32, rounded to gate_up's dtype)
+        y = rmsnorm(v, weight, eps)                      (float32, not rounded)
+        scales = 127 / max(max(|y|, axis=-1), 1e-5)      (float32)
+        y_q = clip(rint(y * scales[..., None]), -128, 127)
+
+    Bit for bit what relu2_gate() followed by rmsnorm_quantize() gives on the same device, without
+    writing v. Unlike relu2_gate, float32 runs on a GPU too.
+
+    Parameters
+    ----------
+    gate_up : array [..., 2F], float32, float16 or bfloat16: the gate in the first F columns, up in
+        the last F
+    weight : array [F], the dtype of gate_up
+    eps : float, finite and >= 0
+    out : (y_q, scales) with y_q int8 [..., F] and scales float32 [...], optional
+    y_out : array [..., F] of gate_up's dtype, optional: also write y there (rounded to the dtype)
+    stream : CUDA stream, optional
+
+    Returns
+    -------
+    (y_q, scales)
+    """
+    y_q, scales = _quantized_pair(out)
+    _, y_q, scales = _rmsnorm(gate_up, weight, eps, None, y_out, True, (y_q, scales), stream,
+                              gated=True)
+    return y_q, scales
+
+
+def _quantized_pair(out):
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
+        raise InvalidArgumentError("out: expected a pair (y_q, scales)")
+    return out if out is not None else (None, None)
+
+
+def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=False):
+    """The one C call: returns (y, y_q, scales), None for what was not asked for. Gated, x is
+    gate_up [..., 2F] (no residual) and the outputs are [..., F]: bitnet_relu2_rmsnorm."""
     y_q, scales = quantized if quantize else (None, None)
+    name = "gate_up" if gated else "x"
     arrays, device, handle = _arrays.prepare(
-        {"x": x, "weight": weight, "residual": residual, "out": y, "y_q": y_q, "scales": scales},
+        {name: x, "weight": weight, "residual": residual, "out": y, "y_q": y_q, "scales": scales},
         stream)
-    xa = arrays["x"]
+    xa = arrays[name]
     if len(xa.shape) == 0:
-        raise InvalidArgumentError("x: expected an array [..., H], got a scalar")
-    _arrays.check(xa, "x", FLOAT_DTYPES, xa.shape)
-    H, T = xa.shape[-1], int(np.prod(xa.shape[:-1], dtype=np.int64))
+        raise InvalidArgumentError(f"{name}: expected an array [..., {'2F' if gated else 'H'}], "
+                                   "got a scalar")
+    if gated and xa.shape[-1] % 2:
+        raise InvalidArgumentError(f"gate_up: expected shape [..., 2F], got {list(xa.shape)}")
+    _arrays.check(xa, name, FLOAT_DTYPES, xa.shape)
+    H, T = xa.shape[-1] // (2 if gated else 1), int(np.prod(xa.shape[:-1], dtype=np.int64))
+    shape = xa.shape[:-1] + (H,)  # of y and y_q
     _arrays.check(arrays["weight"], "weight", xa.dtype, (H,))
     if residual is not None:
-        _arrays.check(arrays["residual"], "residual", xa.dtype, xa.shape)
+        _arrays.check(arrays["residual"], "residual", xa.dtype, shape)
     if y is not None:
-        _arrays.check(arrays["out"], "y_out" if quantize else "out", xa.dtype, xa.shape)
+        _arrays.check(arrays["out"], "y_out" if quantize else "out", xa.dtype, shape)
     elif not quantize:
-        y = _arrays.new_like(xa, xa.shape, xa.dtype)
+        y = _arrays.new_like(xa, shape, xa.dtype)
         arrays["out"] = _arrays.as_array(y, "out")
     if quantize:
         if y_q is None:
-            y_q = _arrays.new_like(xa, xa.shape, "int8")
+            y_q = _arrays.new_like(xa, shape, "int8")
             arrays["y_q"] = _arrays.as_array(y_q, "y_q")
         if scales is None:
             scales = _arrays.new_like(xa, xa.shape[:-1], "float32")
             arrays["scales"] = _arrays.as_array(scales, "scales")
-        _arrays.check(arrays["y_q"], "y_q", "int8", xa.shape)
+        _arrays.check(arrays["y_q"], "y_q", "int8", shape)
         _arrays.check(arrays["scales"], "scales", "float32", xa.shape[:-1])
 
     def pointer(name, ctype="void *"):
         return _ffi.ffi.NULL if arrays[name] is None else arrays[name].cptr(ctype)
 
-    _ffi.call("rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), pointer("residual"),
-              arrays["weight"].cptr(), float(eps), pointer("out"), pointer("y_q", "int8_t *"),
-              pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
+    outputs = (arrays["weight"].cptr(), float(eps), pointer("out"), pointer("y_q", "int8_t *"),
+               pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
+    if gated:
+        _ffi.call("relu2_rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), *outputs)
+    else:
+        _ffi.call("rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), pointer("residual"),
+                  *outputs)
     return y, y_q, scales

@@ -13,7 +13,7 @@ negative or past the last device, a CPU op given device memory, and out-of-range
 (ids, positions, seq_lens)."""
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -154,6 +154,13 @@ def valid_call(entry, mem, rng):
                                 y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
                                 y_scales=put(poison((2,), "float32")), stream=NULL),
                     ("residual", "y", "y_q", "y_scales"))
+    if entry == "relu2_rmsnorm":  # float32 runs on the GPU too
+        return Call(entry, dict(device=d, dtype=0, T=2, F=8,
+                                gate_up=put(values(rng, (2, 16), "float32")),
+                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
+                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
+                                y_scales=put(poison((2,), "float32")), stream=NULL),
+                    ("y", "y_q", "y_scales"))
     if entry == "attention":
         q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
         return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
@@ -194,7 +201,7 @@ def valid_call(entry, mem, rng):
 
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
-              "rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
+              "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
               "gemv_bf16", "argmax", "embedding", "add_int32")
 
 
@@ -208,6 +215,7 @@ class Mutation:
     status: int
     fragment: str
     where: str = "both"  # "both", "cpu" (content checks the host makes) or "gpu"
+    also: dict = field(default_factory=dict)  # a second argument changed with this one
 
 
 def nulls(*names):
@@ -293,6 +301,25 @@ MUTATIONS = {
         Mutation("residual", "ALIAS:weight", INVALID, "overlap"),
     ] + nulls("x", "weight") + misaligned("x", "weight", "residual", "y", "y_scales")
       + host_pointers("x", "weight", "residual", "y", "y_q", "y_scales"),
+    "relu2_rmsnorm": bad_devices() + non_positive("must be >= 1", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 42, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("F", 1 << 62, INVALID, "T*2F overflows"),  # 2F itself overflows
+        Mutation("T", BIG, INVALID, "T*2F overflows"),
+        Mutation("T", 1 << 58, INVALID, "overflow a 64-bit byte count"),  # T*2F fits, *4 does not
+        Mutation("eps", math.nan, INVALID, "eps must be finite"),
+        Mutation("eps", math.inf, INVALID, "eps must be finite"),
+        Mutation("eps", -1e-6, INVALID, "eps must be finite and >= 0"),
+        Mutation("y_q", NULL, INVALID, "both NULL", also={"y": NULL, "y_scales": NULL}),
+        Mutation("y_scales", NULL, INVALID, "go together"),
+        Mutation("y_q", NULL, INVALID, "go together"),
+        Mutation("y", "ALIAS:gate_up", INVALID, "gate_up and y overlap"),
+        Mutation("y_q", "ALIAS:gate_up", INVALID, "gate_up and y_q overlap"),
+        Mutation("y", "ALIAS:weight", INVALID, "weight and y overlap"),
+        Mutation("y_scales", "ALIAS:y_q", INVALID, "y_q and y_scales overlap"),
+        Mutation("y_scales", "ALIAS:y", INVALID, "y and y_scales overlap"),
+    ] + nulls("gate_up", "weight") + misaligned("gate_up", "weight", "y", "y_scales")
+      + host_pointers("gate_up", "weight", "y", "y_q", "y_scales"),
     "attention": bad_devices() + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C")
     + [
         Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
@@ -377,7 +404,8 @@ def mutation_cases(where):
         for m in mutations:
             if m.where in ("both", where):
                 label = m.value if isinstance(m.value, (int, float, str)) else "array"
-                cases.append(pytest.param(entry, m, id=f"{entry}-{m.arg}={label}"))
+                label = "".join([f"{m.arg}={label}"] + [f"+{k}={v}" for k, v in m.also.items()])
+                cases.append(pytest.param(entry, m, id=f"{entry}-{label}"))
     return cases
 
 
@@ -431,7 +459,8 @@ def run_call(mem, call, changes):
 
 def check_mutation(mem, entry, mutation, rng):
     call = valid_call(entry, mem, rng)
-    changes = {mutation.arg: mutation.value, **COMPANIONS.get((entry, mutation.arg), {})}
+    changes = {mutation.arg: mutation.value, **COMPANIONS.get((entry, mutation.arg), {}),
+               **mutation.also}
     status, message, before, after = run_call(mem, call, changes)
     assert (status, mutation.fragment in message) == (mutation.status, True), \
         f"bitnet_{entry} with {mutation.arg}={mutation.value!r}: status {status}, {message!r}"
@@ -572,6 +601,7 @@ def python_cases(rng):
     att_out = nan_like((1, 2, 4, 64))
     rq, rkv, cache = f32(rng, 2, 3, 4, 8), f32(rng, 2, 3, 2, 8), nan_like((2, 6, 2, 8))
     gate, gate_out = f32(rng, 3, 10), nan_like((3, 5))
+    gq = (np.full((3, 5), 0x7F, np.int8), nan_like((3,)))  # relu2_rmsnorm_quantize's codes, scales
     hw = rng.standard_normal((3, 16)).astype(_arrays.numpy_dtype("bfloat16"))
     hx, hy = f32(rng, 2, 16), nan_like((2, 3))
     logits, index = f32(rng, 2, 7), np.full(2, 0x7F7F7F7F, np.int32)
@@ -613,6 +643,38 @@ def python_cases(rng):
         ("rmsnorm_quantize scales shape",
          lambda: bn.rmsnorm_quantize(x, w, out=(np.zeros((3, 8), np.int8), nan_like((2,)))),
          InvalidArgumentError, "scales: expected shape [3]", []),
+        ("relu2_rmsnorm odd width", lambda: bn.relu2_rmsnorm_quantize(f32(rng, 3, 9), w[:4]),
+         InvalidArgumentError, "gate_up: expected shape [..., 2F]", []),
+        ("relu2_rmsnorm weight shape", lambda: bn.relu2_rmsnorm_quantize(gate, w[:4], out=gq),
+         InvalidArgumentError, "weight: expected shape [5]", list(gq)),
+        ("relu2_rmsnorm weight dtype",
+         lambda: bn.relu2_rmsnorm_quantize(gate, w[:5].astype(np.float16), out=gq),
+         InvalidArgumentError, "weight: expected dtype float32", list(gq)),
+        ("relu2_rmsnorm int8 gate_up",
+         lambda: bn.relu2_rmsnorm_quantize(np.ones((3, 10), np.int8), w[:5], out=gq),
+         InvalidArgumentError, "gate_up: expected dtype", list(gq)),
+        ("relu2_rmsnorm float64 gate_up",
+         lambda: bn.relu2_rmsnorm_quantize(gate.astype(np.float64), w[:5], out=gq),
+         InvalidArgumentError, "dtype float64 is not supported", list(gq)),
+        ("relu2_rmsnorm eps nan", lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], eps=math.nan,
+                                                                    out=gq, y_out=gate_out),
+         InvalidArgumentError, "eps must be finite", [*gq, gate_out]),
+        ("relu2_rmsnorm eps negative", lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], eps=-1.0,
+                                                                         out=gq),
+         InvalidArgumentError, "eps must be finite and >= 0", list(gq)),
+        ("relu2_rmsnorm y_out shape",
+         lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], out=gq, y_out=nan_like((3, 10))),
+         InvalidArgumentError, "y_out: expected shape [3, 5]", list(gq)),
+        ("relu2_rmsnorm codes shape",
+         lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], out=(np.zeros((3, 10), np.int8), gq[1])),
+         InvalidArgumentError, "y_q: expected shape [3, 5]", [gq[1]]),
+        ("relu2_rmsnorm out not a pair", lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], out=gq[0]),
+         InvalidArgumentError, "expected a pair", list(gq)),
+        ("relu2_rmsnorm scalar", lambda: bn.relu2_rmsnorm_quantize(np.ones((), np.float32), w),
+         InvalidArgumentError, "got a scalar", []),
+        ("relu2_rmsnorm empty", lambda: bn.relu2_rmsnorm_quantize(np.ones((3, 0), np.float32),
+                                                                  w[:0]),
+         InvalidArgumentError, "must be >= 1", []),
         ("attention scale nan", lambda: bn.attention(q, kv, kv, scale=math.nan, out=att_out),
          InvalidArgumentError, "scale must be finite", [att_out]),
         ("attention scale inf", lambda: bn.attention(q, kv, kv, scale=math.inf, out=att_out),

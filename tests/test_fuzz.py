@@ -22,7 +22,7 @@ from test_head import reference_gemv
 from test_layer_glue import GATE_ATOL, GATE_TOL, ROPE_TOL, reference_relu2_gate, reference_rope
 from test_quantize import ref_codes, ref_pack, ref_quantize_a8, ref_scales
 from test_rmsnorm import RTOL as RMSNORM_RTOL, check_quantized, reference as reference_rmsnorm
-from test_rmsnorm import run as run_rmsnorm
+from test_rmsnorm import run as run_rmsnorm, run_gated, run_two_ops
 
 FLOATS = ("float32", "float16", "bfloat16")
 GPU_FLOATS = ("float16", "bfloat16")  # attention and the layer glue run float32 on the CPU only
@@ -290,6 +290,36 @@ def test_fuzz_rmsnorm(backend, data):
         want_q = np.where(np.isnan(v) | np.isinf(v) | nan_rows[:, None], -128, 0)
         np.testing.assert_array_equal(got["y_q"][special], want_q[special])
         np.testing.assert_array_equal(got["scales"][special], np.float32(127) / np.float32(1e-5))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(data=st.data())
+def test_fuzz_relu2_rmsnorm(backend, data):
+    """relu2_rmsnorm_quantize is relu2_gate followed by rmsnorm_quantize on the same backend, for
+    any input (subnormals, NaN and +-inf included): the codes and scales bit for bit, y bit for bit
+    with any NaN matching any NaN (a NaN's payload is not specified). On the GPU, float32's gate
+    runs on the CPU (the GPU relu2_gate has no float32): the same float32 products."""
+    dtype = data.draw(st.sampled_from(FLOATS), label="dtype")
+    T, F = data.draw(st.integers(1, 5), label="T"), data.draw(st.integers(1, 300), label="F")
+    eps = data.draw(st.sampled_from([0.0, 1e-6, 1e-5, 1e-2]), label="eps")
+    with_y = data.draw(st.booleans(), label="with y")
+    low, high = {"float16": (-0.6, 0.8)}.get(dtype, (-10.0, 10.0))  # relu2 is cubic
+    gate_up = draw_floats(data, (T, 2 * F), dtype, (low, high), non_finite=True)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="weight seed"))
+    weight = (rng.choice([-1.0, 1.0], F) * rng.uniform(0.25, 2.0, F)).astype(gate_up.dtype)
+    def put(a):
+        return to_backend(backend, a)
+    got = run_gated(gate_up, weight, eps, with_y, put, to_numpy)
+    want = run_two_ops(gate_up, weight, eps, with_y, put, to_numpy,
+                       gate_on_cpu=backend == "gpu" and dtype == "float32")
+    np.testing.assert_array_equal(got["y_q"], want["y_q"])
+    np.testing.assert_array_equal(got["scales"].view(np.uint32), want["scales"].view(np.uint32))
+    if with_y:
+        y, y_want = got["y"].astype(np.float32), want["y"].astype(np.float32)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(y_want), "NaN positions")
+        same = ~np.isnan(y_want)
+        np.testing.assert_array_equal(got["y"].view(np.uint8).reshape(T, F, -1)[same],
+                                      want["y"].view(np.uint8).reshape(T, F, -1)[same])
 
 
 # ---------------------------------------------------------------- attention and layer glue

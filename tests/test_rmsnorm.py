@@ -1,5 +1,7 @@
-"""RMSNorm and its fused variants (rmsnorm, add_rmsnorm, rmsnorm_quantize) against a float64 numpy
-reference: the CPU backend in tier 1, the CUDA backend (torch tensors and DeviceArray) in tiers 2-3."""
+"""RMSNorm and its fused variants (rmsnorm, add_rmsnorm, rmsnorm_quantize, relu2_rmsnorm_quantize)
+against a float64 numpy reference: the CPU backend in tier 1, the CUDA backend (torch tensors and
+DeviceArray) in tiers 2-3. relu2_rmsnorm_quantize is also compared bit for bit with relu2_gate
+followed by rmsnorm_quantize on the same device."""
 import math
 
 import ml_dtypes
@@ -204,6 +206,118 @@ def test_cpu_leading_dimensions_are_rows(rng):
     np.testing.assert_array_equal(shaped.reshape(6, 64).view(np.uint16), flat.view(np.uint16))
     q, s = bitnet_ffi.rmsnorm_quantize(x[0], weight)
     assert q.shape == (64,) and s.shape == ()
+
+
+# ---- relu2_rmsnorm_quantize: the squared-ReLU gate fused into the norm ----
+
+GATE_WIDTHS = (1, 7, 2560, 6912)
+
+
+def make_gate_up(rng, T, F, dtype, magnitude=None):
+    """gate_up [T, 2F] and weight [F] of `dtype`. Without `magnitude`: normal values, each row scaled
+    by 10^U(-1, 1) (about half the gates negative, so v has zeros); with it: |values| in
+    [magnitude / 2, magnitude], random signs. Weights as make_inputs."""
+    if magnitude is None:
+        gate_up, weight, _ = make_inputs(rng, T, 2 * F, dtype)
+    else:
+        gate_up = make_extreme(rng, T, 2 * F, dtype, magnitude)[0]
+    return gate_up, make_inputs(rng, 1, F, dtype)[1]
+
+
+def relu2_values(gate_up):
+    """v as bitnet_relu2_gate stores it: max(gate, 0)^2 * up in float32, rounded to the dtype (numpy
+    float32 arithmetic is IEEE, and its casts round to nearest even: exact)."""
+    g, u = np.split(gate_up.astype(np.float32), 2, axis=-1)
+    relu = np.where(g < 0, np.float32(0), g)
+    with np.errstate(over="ignore"):
+        return (relu * relu * u).astype(gate_up.dtype)
+
+
+def poisoned_outputs(gate_up, with_y, put):
+    """Poisoned y_q [..., F], scales [...] and, with_y, y [..., F] of gate_up's dtype."""
+    shape = gate_up.shape[:-1] + (gate_up.shape[-1] // 2,)
+    return (put(poisoned(shape, "int8")), put(poisoned(shape[:-1], "float32")),
+            put(poisoned(shape, gate_up.dtype.name)) if with_y else None)
+
+
+def host_outputs(q, s, y, get):
+    return {name: get(a) for name, a in {"y": y, "y_q": q, "scales": s}.items() if a is not None}
+
+
+def run_gated(gate_up, weight, eps, with_y, put, get):
+    """relu2_rmsnorm_quantize with poisoned outputs (y_out too when with_y); host copies of them."""
+    q, s, y = poisoned_outputs(gate_up, with_y, put)
+    got = bitnet_ffi.relu2_rmsnorm_quantize(put(gate_up), put(weight), eps, out=(q, s), y_out=y)
+    assert got[0] is q and got[1] is s
+    return host_outputs(q, s, y, get)
+
+
+def run_two_ops(gate_up, weight, eps, with_y, put, get, gate_on_cpu=False):
+    """relu2_gate then rmsnorm_quantize, both where `put` puts arrays; with gate_on_cpu the gate
+    runs on the CPU and its output is uploaded (the GPU relu2_gate has no float32)."""
+    v = put(bitnet_ffi.relu2_gate(gate_up)) if gate_on_cpu else bitnet_ffi.relu2_gate(put(gate_up))
+    q, s, y = poisoned_outputs(gate_up, with_y, put)
+    bitnet_ffi.rmsnorm_quantize(v, put(weight), eps, out=(q, s), y_out=y)
+    return host_outputs(q, s, y, get)
+
+
+def assert_bit_identical(got, want):
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].tobytes() == want[name].tobytes(), f"{name} differs from the two ops"
+
+
+def check_gated(got, gate_up, weight, eps):
+    """y and the codes against the float64 norm of v = relu2_gate(gate_up) as stored; returns
+    the reference y."""
+    y_ref, _ = reference(relu2_values(gate_up), weight, eps)
+    if "y" in got:
+        assert_close(got["y"], y_ref, gate_up.dtype.name)
+    off = check_quantized(got["y_q"], got["scales"], y_ref)
+    print(f"relu2_rmsnorm: {off} near-tie codes differ by one")
+    return y_ref
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_y", (False, True), ids=("quant", "quant_y"))
+@pytest.mark.parametrize("T", (1, 5))
+@pytest.mark.parametrize("F", GATE_WIDTHS)
+def test_cpu_relu2_rmsnorm_matches_reference_and_two_ops(rng, dtype, with_y, T, F):
+    gate_up, weight = make_gate_up(rng, T, F, dtype)
+    got = run_gated(gate_up, weight, 1e-5, with_y, numpy_copy, numpy_copy)
+    check_gated(got, gate_up, weight, 1e-5)
+    assert_bit_identical(got, run_two_ops(gate_up, weight, 1e-5, with_y, numpy_copy, numpy_copy))
+
+
+# gate_up magnitudes whose v = relu2(gate) * up (up to magnitude^3) has a float32 sum of squares
+# that overflows (1e12) or underflows with eps = 0 (1e-10): summed again in float64 from v
+# recomputed out of gate_up; float16 near its top (v up to 8000) and v among its subnormals.
+GATED_MAGNITUDES = [("float32", 1e12, 1e-5), ("float32", 1e-10, 0.0), ("bfloat16", 1e12, 1e-5),
+                    ("bfloat16", 1e-10, 0.0), ("float16", 20.0, 1e-5), ("float16", 0.02, 0.0)]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype,magnitude,eps", GATED_MAGNITUDES)
+def test_cpu_relu2_rmsnorm_extreme_magnitudes(rng, dtype, magnitude, eps):
+    gate_up, weight = make_gate_up(rng, 3, 6912, dtype, magnitude)
+    got = run_gated(gate_up, weight, eps, True, numpy_copy, numpy_copy)
+    check_gated(got, gate_up, weight, eps)
+    assert_bit_identical(got, run_two_ops(gate_up, weight, eps, True, numpy_copy, numpy_copy))
+
+
+@pytest.mark.cpu
+def test_cpu_relu2_rmsnorm_shapes_and_allocated_outputs(rng):
+    gate_up, weight = make_gate_up(rng, 6, 64, "bfloat16")
+    q, s = bitnet_ffi.relu2_rmsnorm_quantize(gate_up.reshape(2, 3, 128), weight)
+    assert q.shape == (2, 3, 64) and q.dtype == np.int8
+    assert s.shape == (2, 3) and s.dtype == np.float32
+    flat_q, flat_s = bitnet_ffi.relu2_rmsnorm_quantize(gate_up, weight)
+    np.testing.assert_array_equal(q.reshape(6, 64), flat_q)
+    np.testing.assert_array_equal(s.reshape(6), flat_s)
+    q1, s1 = bitnet_ffi.relu2_rmsnorm_quantize(gate_up[0], weight)
+    assert q1.shape == (64,) and s1.shape == ()
+    np.testing.assert_array_equal(q1, flat_q[0])
 
 
 # ---- bad input ----
@@ -417,18 +531,21 @@ def test_gpu_device_array(rng, dtype, variant, T, H):
     check(variant, got, x, weight, 1e-5, residual)
 
 
+def unaligned_torch_put(a):
+    """A 16-bit array on the GPU starting 2 bytes past a 16-byte boundary."""
+    import torch
+    t = torch_put(a.reshape(-1))
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    flat[1:] = t
+    return flat[1:].view(a.shape)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_gpu_unaligned_rows_take_the_scalar_path(rng, variant):
     """Arrays starting 2 bytes past a 16-byte boundary: the vector kernels cannot be used."""
-    import torch
     x, weight, residual = make_inputs(rng, 9, 2560, "bfloat16")
-    def put(a):
-        t = torch_put(a.reshape(-1))
-        flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-        flat[1:] = t
-        return flat[1:].view(a.shape)
-    got = run(variant, x, weight, 1e-5, residual, put, torch_get)
+    got = run(variant, x, weight, 1e-5, residual, unaligned_torch_put, torch_get)
     check(variant, got, x, weight, 1e-5, residual)
 
 
@@ -475,3 +592,80 @@ def test_gpu_rejects_host_memory_and_mixed_devices(rng):
         bitnet_ffi.add_rmsnorm(xd, b.residual, torch_put(b.weight), out=y)
     assert torch.isnan(y).all()
     np.testing.assert_array_equal(b.residual, b.residual_before)
+
+
+# ---- relu2_rmsnorm_quantize on the GPU ----
+
+@pytest.mark.gpu_smoke
+def test_gpu_relu2_rmsnorm_smoke(rng):
+    gate_up, weight = make_gate_up(rng, 5, 6912, "bfloat16")
+    got = run_gated(gate_up, weight, 1e-5, True, torch_put, torch_get)
+    check_gated(got, gate_up, weight, 1e-5)
+    assert_bit_identical(got, run_two_ops(gate_up, weight, 1e-5, True, torch_put, torch_get))
+
+
+# Each kernel: a warp per row (600 and 4096 rows of 2560), a block per row (few rows), the loop for
+# unaligned widths (1, 7, 2561) and for a row too long for registers (40000).
+GATED_GPU_SHAPES = [(T, F) for F in GATE_WIDTHS for T in (1, 5)] + [
+    (600, 2560), (4096, 2560), (3, 2561), (3, 40000), (33, 7)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_y", (False, True), ids=("quant", "quant_y"))
+@pytest.mark.parametrize("T,F", GATED_GPU_SHAPES)
+def test_gpu_relu2_rmsnorm_matches_reference_two_ops_and_cpu(rng, dtype, with_y, T, F):
+    """Within the reference bounds; bit for bit the GPU's relu2_gate + rmsnorm_quantize (for
+    float32 the gate runs on the CPU: the same float32 products); codes as the CPU's except at
+    near-ties (the sums of squares are added in another order)."""
+    gate_up, weight = make_gate_up(rng, T, F, dtype)
+    got = run_gated(gate_up, weight, 1e-5, with_y, torch_put, torch_get)
+    y_ref = check_gated(got, gate_up, weight, 1e-5)
+    assert_bit_identical(got, run_two_ops(gate_up, weight, 1e-5, with_y, torch_put, torch_get,
+                                          gate_on_cpu=dtype == "float32"))
+    cpu = run_gated(gate_up, weight, 1e-5, with_y, numpy_copy, numpy_copy)
+    near_tie = reference_quantize(y_ref)[2]
+    assert not np.any((got["y_q"] != cpu["y_q"]) & ~near_tie)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,F", KERNEL_SHAPES)
+@pytest.mark.parametrize("dtype,magnitude,eps", GATED_MAGNITUDES)
+def test_gpu_relu2_rmsnorm_extreme_magnitudes(rng, T, F, dtype, magnitude, eps):
+    """The float64 sums recompute v from gate_up in every kernel."""
+    gate_up, weight = make_gate_up(rng, T, F, dtype, magnitude)
+    got = run_gated(gate_up, weight, eps, True, torch_put, torch_get)
+    check_gated(got, gate_up, weight, eps)
+    assert_bit_identical(got, run_two_ops(gate_up, weight, eps, True, torch_put, torch_get,
+                                          gate_on_cpu=dtype == "float32"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_relu2_rmsnorm_device_array_and_unaligned(rng, dtype):
+    gate_up, weight = make_gate_up(rng, 9, 2560, dtype)
+    got = run_gated(gate_up, weight, 1e-5, True, device_array_put, device_array_get)
+    check_gated(got, gate_up, weight, 1e-5)
+    if dtype != "float32":  # 2 bytes past a 16-byte boundary: the loop over global memory
+        got = run_gated(gate_up, weight, 1e-5, True, unaligned_torch_put, torch_get)
+        check_gated(got, gate_up, weight, 1e-5)
+        # the two ops with v as misaligned, so that rmsnorm takes the same loop
+        assert_bit_identical(got, run_two_ops(gate_up, weight, 1e-5, True, unaligned_torch_put,
+                                              torch_get, gate_on_cpu=True))
+
+
+@pytest.mark.gpu
+def test_gpu_relu2_rmsnorm_on_a_side_stream_and_mixed_devices(rng):
+    import torch
+    gate_up, weight = make_gate_up(rng, 4096, 2560, "bfloat16")
+    y_ref, _ = reference(relu2_values(gate_up), weight, 1e-5)
+    gd, wd = torch_put(gate_up), torch_put(weight)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        q, s = bitnet_ffi.relu2_rmsnorm_quantize(gd, wd)
+    assert q.is_cuda and q.dtype == torch.int8 and q.shape == (4096, 2560) and s.shape == (4096,)
+    side.synchronize()
+    check_quantized(torch_get(q), torch_get(s), y_ref)
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bitnet_ffi.relu2_rmsnorm_quantize(gd, weight)

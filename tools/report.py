@@ -58,7 +58,7 @@ def gemv_markdown(result):
 
 def rmsnorm_markdown(result):
     names = {"norm": "rmsnorm", "add": "add_rmsnorm", "quant": "rmsnorm_quantize",
-             "add_quant": "rmsnorm_quantize + residual"}
+             "add_quant": "rmsnorm_quantize + residual", "relu2_quant": "relu2_rmsnorm_quantize"}
     lines = [f"RMSNorm on {result['device']}, L2 cold; read bandwidth (torch.sum over 2 GiB, "
              f"graph-timed) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s.", "",
              "| op | dtype | H | T | ours µs | ours GB/s | ours % read | torch µs | torch GB/s | "

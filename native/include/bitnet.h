@@ -165,6 +165,19 @@ bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H
                              void *y /* [T, H] or NULL */, int8_t *y_q /* [T, H] or NULL */,
                              float *y_scales /* [T], with y_q */, void *stream);
 
+/* The squared-ReLU gate fused into the RMSNorm after it (docs/rmsnorm.md), reading gate_up once:
+ * for each row t, v[f] = max(gate_up[t, f], 0)^2 * gate_up[t, F + f] in float32, rounded to dtype
+ * exactly as bitnet_relu2_gate stores it, then bitnet_rmsnorm without residual on v: y and/or
+ * y_q with y_scales, bit-identical to bitnet_relu2_gate followed by bitnet_rmsnorm on one device.
+ * dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too). eps:
+ * finite, >= 0. Give y, y_q (with y_scales) or both; no arrays may overlap. Programmatic dependent
+ * launch on a GPU, as bitnet_rmsnorm. */
+bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                   const void *gate_up /* [T, 2F] */,
+                                   const void *weight /* [F] */, float eps,
+                                   void *y /* [T, F] or NULL */, int8_t *y_q /* [T, F] or NULL */,
+                                   float *y_scales /* [T], with y_q */, void *stream);
+
 /* ---- Attention and the glue of a BitNet layer ---- */
 
 /* Grouped-query attention with an online softmax accumulated in float32 (docs/attention.md):

@@ -115,6 +115,13 @@ bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x,
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y,
                               int8_t *y_q, float *y_scales, void *stream);
+/* bitnet_relu2_rmsnorm: the same norm of v = relu2_gate(gate_up) [T, F], read from gate_up. */
+bitnet_status bn_cpu_relu2_rmsnorm(int32_t dtype, int64_t T, int64_t F, const void *gate_up,
+                                   const void *weight, float eps, void *y, int8_t *y_q,
+                                   float *y_scales);
+bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                    const void *gate_up, const void *weight, float eps, void *y,
+                                    int8_t *y_q, float *y_scales, void *stream);
 
 /* ---- Attention and layer glue ---- */
 
@@ -170,6 +177,10 @@ bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, i
                                      const void *v, void *k_cache, void *v_cache, int64_t C,
                                      const int32_t *positions, float theta, void *stream);
 bitnet_status bn_cpu_relu2_gate(int32_t dtype, int64_t T, int64_t F, const void *gate_up, void *out);
+/* out[out_offset + i] = relu2(gate_up[gate + i], gate_up[gate + F + i]) stored in dtype, i < n: the
+ * squared-ReLU gate of bitnet_relu2_gate, shared with the CPU bitnet_relu2_rmsnorm. */
+void bn_cpu_relu2_span(int32_t dtype, const void *gate_up, int64_t gate, int64_t F, int64_t n,
+                       void *out, int64_t out_offset);
 bitnet_status bn_cuda_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                  const void *gate_up, void *out, void *stream);
 

@@ -1,5 +1,7 @@
-/* bitnet_rmsnorm: argument checks, then the CPU or CUDA backend. */
+/* bitnet_rmsnorm and bitnet_relu2_rmsnorm: argument checks (one shared routine), then the CPU or
+ * CUDA backend. */
 #include <math.h>
+#include <stdio.h>
 
 #include "internal.h"
 
@@ -15,51 +17,88 @@ static int overlap(const buffer *a, const buffer *b) {
     return a->ptr && b->ptr && pa < pb + (uintptr_t)b->bytes && pb < pa + (uintptr_t)a->bytes;
 }
 
-bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
-                             void *residual, const void *weight, float eps, void *y, int8_t *y_q,
-                             float *y_scales, void *stream) {
+/* What differs between the two entry points: the function's name, and the input read per row,
+ * x [T, H] or (gated) gate_up [T, 2F] with the width called F. */
+typedef struct {
+    const char *fn;
+    int gated;
+} norm_op;
+
+/* `fn: arg` in buf, for the messages of the shared checks. */
+static const char *arg_name(char (*buf)[64], const norm_op *op, const char *arg) {
+    snprintf(*buf, sizeof *buf, "%s: %s", op->fn, arg);
+    return *buf;
+}
+
+/* Every check of both entry points. `in` is x, or gate_up when gated; residual is NULL when gated. */
+static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype, int64_t T,
+                                int64_t H, const void *in, const void *residual, const void *weight,
+                                float eps, const void *y, const int8_t *y_q, const float *y_scales) {
+    const char *fn = op->fn, *in_name = op->gated ? "gate_up" : "x", *width = op->gated ? "F" : "H";
+    const int64_t factor = op->gated ? 2 : 1; /* input elements per output element */
+    char name[64];
     BN_TRY(bn_check_device(device));
     BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
-             "bitnet_rmsnorm: dtype %d (%s) is not float32, float16 or bfloat16", dtype,
+             "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype,
              bn_dtype_name(dtype));
-    BN_CHECK(T >= 1 && H >= 1, "bitnet_rmsnorm: T and H must be >= 1, got T=%lld, H=%lld",
-             (long long)T, (long long)H);
-    BN_CHECK(T <= INT64_MAX / H, "bitnet_rmsnorm: T*H overflows (T=%lld, H=%lld)", (long long)T,
-             (long long)H);
-    const int64_t size = bn_dtype_size(dtype);
-    BN_TRY(bn_check_size("bitnet_rmsnorm: x", T * H, size));
-    BN_CHECK(isfinite(eps) && eps >= 0.0f, "bitnet_rmsnorm: eps must be finite and >= 0, got %g",
+    BN_CHECK(T >= 1 && H >= 1, "%s: T and %s must be >= 1, got T=%lld, %s=%lld", fn, width,
+             (long long)T, width, (long long)H);
+    BN_CHECK(H <= INT64_MAX / factor && T <= INT64_MAX / (factor * H),
+             "%s: T*%s%s overflows (T=%lld, %s=%lld)", fn, op->gated ? "2" : "", width,
+             (long long)T, width, (long long)H);
+    const int64_t size = bn_dtype_size(dtype), in_cols = factor * H;
+    BN_TRY(bn_check_size(arg_name(&name, op, in_name), T * in_cols, size));
+    BN_CHECK(isfinite(eps) && eps >= 0.0f, "%s: eps must be finite and >= 0, got %g", fn,
              (double)eps);
-    BN_CHECK(y || y_q, "bitnet_rmsnorm: y and y_q are both NULL; ask for at least one output");
-    BN_CHECK(!y_q == !y_scales, "bitnet_rmsnorm: y_q and y_scales go together (y_q %s, y_scales %s)",
+    BN_CHECK(y || y_q, "%s: y and y_q are both NULL; ask for at least one output", fn);
+    BN_CHECK(!y_q == !y_scales, "%s: y_q and y_scales go together (y_q %s, y_scales %s)", fn,
              y_q ? "given" : "NULL", y_scales ? "given" : "NULL");
 
-    BN_TRY(bn_check_pointer(device, x, size, "bitnet_rmsnorm: x"));
-    BN_TRY(bn_check_pointer(device, weight, size, "bitnet_rmsnorm: weight"));
-    if (residual) BN_TRY(bn_check_pointer(device, residual, size, "bitnet_rmsnorm: residual"));
-    if (y) BN_TRY(bn_check_pointer(device, y, size, "bitnet_rmsnorm: y"));
+    BN_TRY(bn_check_pointer(device, in, size, arg_name(&name, op, in_name)));
+    BN_TRY(bn_check_pointer(device, weight, size, arg_name(&name, op, "weight")));
+    if (residual) BN_TRY(bn_check_pointer(device, residual, size, arg_name(&name, op, "residual")));
+    if (y) BN_TRY(bn_check_pointer(device, y, size, arg_name(&name, op, "y")));
     if (y_q) {
-        BN_TRY(bn_check_pointer(device, y_q, 1, "bitnet_rmsnorm: y_q"));
-        BN_TRY(bn_check_pointer(device, y_scales, sizeof(float), "bitnet_rmsnorm: y_scales"));
+        BN_TRY(bn_check_pointer(device, y_q, 1, arg_name(&name, op, "y_q")));
+        BN_TRY(bn_check_pointer(device, y_scales, sizeof(float), arg_name(&name, op, "y_scales")));
     }
 
-    /* Every pair of arrays with one of them written must be disjoint; only y == x is allowed. */
+    /* Every pair of arrays with one of them written must be disjoint; only y == x is allowed (not
+     * y == gate_up: a row of y would overwrite gate_up rows other rows still read). */
     const int64_t bytes = T * H * size;
-    const buffer buffers[] = {{"x", x, bytes, 0},           {"weight", weight, H * size, 0},
-                              {"residual", residual, bytes, 1}, {"y", y, bytes, 1},
-                              {"y_q", y_q, T * H, 1},       {"y_scales", y_scales, T * 4, 1}};
+    const buffer buffers[] = {{in_name, in, T * in_cols * size, 0}, {"weight", weight, H * size, 0},
+                              {"residual", residual, bytes, 1},     {"y", y, bytes, 1},
+                              {"y_q", y_q, T * H, 1},               {"y_scales", y_scales, T * 4, 1}};
     const int n = (int)(sizeof buffers / sizeof *buffers);
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             const buffer *a = &buffers[i], *b = &buffers[j];
-            int in_place = i == 0 && j == 3 && x == y;
+            int in_place = !op->gated && i == 0 && j == 3 && in == y;
             BN_CHECK(!(a->written || b->written) || in_place || !overlap(a, b),
-                     "bitnet_rmsnorm: %s and %s overlap (only y == x, in place, is allowed)",
-                     a->name, b->name);
+                     "%s: %s and %s overlap (%s)", fn, a->name, b->name,
+                     op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
         }
+    return BITNET_OK;
+}
 
+bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
+                             void *residual, const void *weight, float eps, void *y, int8_t *y_q,
+                             float *y_scales, void *stream) {
+    static const norm_op op = {"bitnet_rmsnorm", 0};
+    BN_TRY(check_norm(&op, device, dtype, T, H, x, residual, weight, eps, y, y_q, y_scales));
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_rmsnorm(dtype, T, H, x, residual, weight, eps, y, y_q, y_scales)
                : BN_CUDA(bn_cuda_rmsnorm(device, dtype, T, H, x, residual, weight, eps, y, y_q,
                                          y_scales, stream));
+}
+
+bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                   const void *gate_up, const void *weight, float eps, void *y,
+                                   int8_t *y_q, float *y_scales, void *stream) {
+    static const norm_op op = {"bitnet_relu2_rmsnorm", 1};
+    BN_TRY(check_norm(&op, device, dtype, T, F, gate_up, NULL, weight, eps, y, y_q, y_scales));
+    return device == BITNET_DEVICE_CPU
+               ? bn_cpu_relu2_rmsnorm(dtype, T, F, gate_up, weight, eps, y, y_q, y_scales)
+               : BN_CUDA(bn_cuda_relu2_rmsnorm(device, dtype, T, F, gate_up, weight, eps, y, y_q,
+                                               y_scales, stream));
 }

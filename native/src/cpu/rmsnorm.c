@@ -1,7 +1,9 @@
-/* CPU backend of bitnet_rmsnorm. Rows run in parallel (OpenMP); each row is read in chunks that
- * are converted to float32 and worked on in LANES partial sums the compiler vectorizes. Passes over
- * a row: (1) residual add and store, sum of squares and max |v*w|; (1b) only where the float32
- * mean square is not a normal float: the sum again in float64; (2) y and/or the int8 codes. */
+/* CPU backend of bitnet_rmsnorm and bitnet_relu2_rmsnorm. Rows run in parallel (OpenMP); each row
+ * is read in chunks that are converted to float32 and worked on in LANES partial sums the compiler
+ * vectorizes. Passes over a row: (1) residual add and store, sum of squares and max |v*w|; (1b)
+ * only where the float32 mean square is not a normal float: the sum again in float64; (2) y and/or
+ * the int8 codes. Gated (bitnet_relu2_rmsnorm), every pass computes its chunk of v from the
+ * gate_up row with bn_cpu_relu2_span, rounded to the dtype as bitnet_relu2_gate stores it. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -83,6 +85,7 @@ static void store_floats(int32_t dtype, const float *src, int n, void *dst, int6
 typedef struct {
     int32_t dtype;
     int64_t H;
+    int gated;     /* x is gate_up [T, 2H] and v = relu2_gate(x) */
     const void *x;
     void *residual;
     const void *weight;
@@ -92,12 +95,22 @@ typedef struct {
     float *y_scales;
 } norm_args;
 
-/* Loads chunk [c, c+n) of row `base` of v (x, or the residual after pass 1) and of the weight,
- * zero-padded to a multiple of LANES. */
-static int load_chunk(const norm_args *a, const void *v_src, int64_t base, int64_t c, float *v,
-                      float *w) {
+/* v[0..n) = elements [c, c+n) of row `row` of the values normalized as float32: x, the residual
+ * (after pass 1 stored it), or gated, relu2 of the gate_up row stored in the dtype and read back. */
+static void load_v(const norm_args *a, int64_t row, int64_t c, int n, float *v) {
+    if (a->gated) {
+        union { float f32[CHUNK]; uint16_t u16[CHUNK]; } stored;
+        bn_cpu_relu2_span(a->dtype, a->x, row * 2 * a->H + c, a->H, n, &stored, 0);
+        load_floats(a->dtype, &stored, 0, n, v);
+    } else {
+        load_floats(a->dtype, a->residual ? a->residual : a->x, row * a->H + c, n, v);
+    }
+}
+
+/* Loads chunk [c, c+n) of row `row` of v and of the weight, zero-padded to a multiple of LANES. */
+static int load_chunk(const norm_args *a, int64_t row, int64_t c, float *v, float *w) {
     int n = (int)(a->H - c < CHUNK ? a->H - c : CHUNK), padded = (n + LANES - 1) / LANES * LANES;
-    load_floats(a->dtype, v_src, base + c, n, v);
+    load_v(a, row, c, n, v);
     load_floats(a->dtype, a->weight, c, n, w);
     for (int i = n; i < padded; i++) v[i] = w[i] = 0.0f;
     return n;
@@ -105,7 +118,6 @@ static int load_chunk(const norm_args *a, const void *v_src, int64_t base, int64
 
 static void norm_row(const norm_args *a, int64_t row) {
     const int64_t H = a->H, base = row * H;
-    const void *v_src = a->residual ? a->residual : a->x; /* the values normalized */
     float v[CHUNK], w[CHUNK], lane_sum[LANES] = {0}, lane_max[LANES] = {0};
 
     for (int64_t c = 0; c < H; c += CHUNK) {
@@ -116,7 +128,7 @@ static void norm_row(const norm_args *a, int64_t row) {
             for (int i = 0; i < n; i++) w[i] += v[i];
             store_floats(a->dtype, w, n, a->residual, base + c);
         }
-        int n = load_chunk(a, v_src, base, c, v, w);
+        int n = load_chunk(a, row, c, v, w);
         for (int i = 0; i < n; i += LANES)
             for (int l = 0; l < LANES; l++) {
                 float p = fabsf(v[i + l] * w[i + l]);
@@ -137,7 +149,7 @@ static void norm_row(const norm_args *a, int64_t row) {
     } else {
         double sum64 = 0.0;
         for (int64_t c = 0; c < H; c += CHUNK) {
-            int n = load_chunk(a, v_src, base, c, v, w);
+            int n = load_chunk(a, row, c, v, w);
             for (int i = 0; i < n; i++) sum64 += (double)v[i] * v[i];
         }
         r = (float)(1.0 / sqrt(sum64 / (double)H + a->eps));
@@ -145,7 +157,7 @@ static void norm_row(const norm_args *a, int64_t row) {
     const float scale = 127.0f / fmaxf(max_vw * r, 1e-5f), r_scale = r * scale;
 
     for (int64_t c = 0; c < H; c += CHUNK) {
-        int n = load_chunk(a, v_src, base, c, v, w);
+        int n = load_chunk(a, row, c, v, w);
         for (int i = 0; i < n; i++) v[i] *= w[i]; /* the products v * w */
         if (a->y_q)
             for (int i = 0; i < n; i++)
@@ -158,11 +170,22 @@ static void norm_row(const norm_args *a, int64_t row) {
     if (a->y_q) a->y_scales[row] = scale;
 }
 
+static bitnet_status norm_rows(const norm_args *a, int64_t T) {
+#pragma omp parallel for schedule(static) if (T * a->H >= 65536)
+    for (int64_t t = 0; t < T; t++) norm_row(a, t);
+    return BITNET_OK;
+}
+
 bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x, void *residual,
                              const void *weight, float eps, void *y, int8_t *y_q,
                              float *y_scales) {
-    const norm_args args = {dtype, H, x, residual, weight, eps, y, y_q, y_scales};
-#pragma omp parallel for schedule(static) if (T * H >= 65536)
-    for (int64_t t = 0; t < T; t++) norm_row(&args, t);
-    return BITNET_OK;
+    const norm_args args = {dtype, H, 0, x, residual, weight, eps, y, y_q, y_scales};
+    return norm_rows(&args, T);
+}
+
+bitnet_status bn_cpu_relu2_rmsnorm(int32_t dtype, int64_t T, int64_t F, const void *gate_up,
+                                   const void *weight, float eps, void *y, int8_t *y_q,
+                                   float *y_scales) {
+    const norm_args args = {dtype, F, 1, gate_up, NULL, weight, eps, y, y_q, y_scales};
+    return norm_rows(&args, T);
 }

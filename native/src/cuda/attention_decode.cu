@@ -4,7 +4,7 @@
  * new tokens, so each K/V byte is read once per 16 rows. A block of 4 warps streams its share of
  * the keys through shared memory (cp.async, double-buffered 64-key tiles); each warp does q.k and
  * p.v for 16 keys of a tile with mma.sync m16n8k16. With several splits, partials go to the
- * workspace and a merge kernel (programmatic dependent launch) combines them. Bytes moved: the K
+ * workspace and a merge kernel combines them. Both use programmatic dependent launch. Bytes moved: the K
  * and V rows up to seq_len. H100, bf16, 20/5 heads, d = 128, L2 cold, with the merge: B = 8,
  * L = 32768 at 2907 GB/s (94% of the 3081 GB/s read bandwidth); B = 1: 37.1 us at 32768 (73%),
  * 11.6 us at 4096, 6.7 us at 1024 (docs/attention.md). */
@@ -66,6 +66,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<DecodeShared<D> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
+    bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int split = blockIdx.x, kvh = blockIdx.y % Hkv, b = blockIdx.z;
     const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
     const int rows = min(kRows, Sq * group - row0);
@@ -317,13 +318,12 @@ bitnet_status launch_decode(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, cons
     float *partial_out = static_cast<float *>(workspace);
     float *partial_ml = partial_out ? partial_out + rows * num_splits * D : nullptr;
     dim3 grid((unsigned)num_splits, (unsigned)(Hkv * row_blocks), (unsigned)B);
-    kernel<<<grid, kThreads, smem, stream>>>(
-        static_cast<const T *>(q), static_cast<const T *>(k), static_cast<const T *>(v), seq_lens,
-        (int)C, (int)Sq, (int)Hq, (int)Hkv, causal, scale * 1.4426950408889634f, (int)num_splits,
-        static_cast<T *>(out), partial_out, partial_ml);
-    BN_CUDA_CHECK_LAUNCH("decode_kernel");
+    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, static_cast<const T *>(q),
+                              static_cast<const T *>(k), static_cast<const T *>(v), seq_lens, (int)C,
+                              (int)Sq, (int)Hq, (int)Hkv, causal, scale * 1.4426950408889634f,
+                              (int)num_splits, static_cast<T *>(out), partial_out, partial_ml));
     if (num_splits > 1) {
-        /* Programmatic dependent launch: the merge grid is set up while the decode grid drains. */
+        /* The merge grid is set up while the decode grid drains. */
         BN_CUDA_TRY(bn_launch_pdl(merge_kernel<T, D>, dim3((unsigned)rows), dim3(kMergeWarps * 32),
                                   0, stream, (const float *)partial_out, (const float *)partial_ml,
                                   seq_lens, (int)C, (int)Sq, (int)Hq, (int)causal, (int)num_splits,

@@ -51,6 +51,17 @@ static inline cudaStream_t bn_stream(void *stream) { return static_cast<cudaStre
 #define BN_SM80_ASM(...) asm volatile(__VA_ARGS__)
 #endif
 
+/* 16-byte asynchronous global -> shared copy (sm_80); when `inside` is false the destination gets
+ * zeros and nothing is read. */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *global, bool inside) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(global), "r"(inside ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 /* The compute capability's major number of the current device. */
 static inline cudaError_t bn_current_cc_major(int *major) {
     int device = 0;
@@ -74,25 +85,48 @@ __device__ __forceinline__ void bn_pdl_launch_dependents() {
 #endif
 }
 
-/* kernel<<<grid, block, shared_bytes, stream>>>(args...), with programmatic stream serialization
- * on GPUs that have it. */
+/* kernel<<<grid, block, shared_bytes, stream>>>(args...) in thread-block clusters of `cluster`
+ * blocks along x (1: none; more needs sm_90), with programmatic stream serialization on GPUs that
+ * have it. */
 template <typename... Params, typename... Args>
-cudaError_t bn_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-                          cudaStream_t stream, Args... args) {
+cudaError_t bn_launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                  size_t shared_bytes, unsigned cluster, cudaStream_t stream,
+                                  Args... args) {
     int major = 0;
     cudaError_t err = bn_current_cc_major(&major);
     if (err != cudaSuccess) return err;
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attributes[2] = {};
+    unsigned count = 0;
+    if (major >= 9) {
+        attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+        attributes[count].id = cudaLaunchAttributeClusterDimension;
+        attributes[count++].val.clusterDim = {cluster, 1, 1};
+    }
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = major >= 9 ? 1 : 0;
+    config.attrs = attributes;
+    config.numAttrs = count;
     return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
+template <typename... Params, typename... Args>
+cudaError_t bn_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                          cudaStream_t stream, Args... args) {
+    return bn_launch_pdl_cluster(kernel, grid, block, shared_bytes, 1, stream, args...);
+}
+
 static inline unsigned bn_ceil_div(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* The squared-ReLU gate of one element, in float32: max(gate, 0)^2 * up (a NaN gate stays NaN).
+ * The one definition the CUDA kernels share (bitnet_relu2_rmsnorm; bitnet_relu2_gate); the CPU's is
+ * bn_cpu_relu2_span. */
+__device__ __forceinline__ float bn_relu2(float gate, float up) {
+    const float relu = gate < 0.0f ? 0.0f : gate;
+    return relu * relu * up;
+}

@@ -3,6 +3,7 @@
  * of its row, UNROLL chunks in flight, and multiplies each chunk with the same chunk of every token
  * of the tile (x is small and stays in L1/L2). 2..8 bfloat16 tokens: tensor cores, a warp per 16
  * rows (gemv_bf16_mma_kernel). Up to TILE_TOKENS tokens per launch; more loop over tiles.
+ * Launched with programmatic dependent launch.
  * Bytes: M*K*2 of weights, read once per tile, dominate; batch 1 at 128256 x 2560 reads them at
  * about 3.1 TB/s on the H100 (0.211 ms). */
 #include <cuda_bf16.h>
@@ -42,6 +43,8 @@ template <int TOKENS, typename XT>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
 gemv_bf16_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int tokens, void *y,
                  bool y_is_bf16) {
+    bn_pdl_wait();
+    bn_pdl_launch_dependents();
     const int lane = threadIdx.x % 32;
     const int64_t row = (int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32;
     if (row >= M) return;
@@ -102,6 +105,8 @@ __device__ inline void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
 gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bfloat16 *x,
                      int tokens, void *y, bool y_is_bf16) {
+    bn_pdl_wait();
+    bn_pdl_launch_dependents();
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int64_t row0 = ((int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32) * 16;
     if (row0 >= M) return;
@@ -146,26 +151,22 @@ bitnet_status launch_tiles(const __nv_bfloat16 *w, int64_t M, int64_t K, const X
                            void *y, int32_t y_dtype, cudaStream_t stream) {
     const bool y_is_bf16 = y_dtype == BITNET_DTYPE_BF16;
     const int64_t y_elem = bn_dtype_size(y_dtype);
-    const dim3 grid(bn_ceil_div(M, WARPS_PER_BLOCK)), block(WARPS_PER_BLOCK * 32);
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
     const bool tensor_cores = std::is_same<XT, __nv_bfloat16>::value && K % 32 == 0 && major >= 8;
     for (int64_t n0 = 0; n0 < N; n0 += TILE_TOKENS) {
         const int tokens = (int)(N - n0 < TILE_TOKENS ? N - n0 : TILE_TOKENS);
-        const XT *x_tile = x + n0 * K;
-        void *y_tile = static_cast<char *>(y) + n0 * M * y_elem;
-        if (tokens > 1 && tensor_cores)
-            gemv_bf16_mma_kernel<<<bn_ceil_div(M, 16 * WARPS_PER_BLOCK), block, 0, stream>>>(
-                w, M, K, reinterpret_cast<const __nv_bfloat16 *>(x_tile), tokens, y_tile, y_is_bf16);
-        else if (tokens == 1)
-            gemv_bf16_kernel<1><<<grid, block, 0, stream>>>(w, M, K, x_tile, tokens, y_tile, y_is_bf16);
-        else if (tokens == 2)
-            gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(w, M, K, x_tile, tokens, y_tile, y_is_bf16);
-        else if (tokens <= 4)
-            gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(w, M, K, x_tile, tokens, y_tile, y_is_bf16);
-        else
-            gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(w, M, K, x_tile, tokens, y_tile, y_is_bf16);
-        BN_CUDA_CHECK_LAUNCH("gemv_bf16_kernel");
+        void (*kernel)(const __nv_bfloat16 *, int64_t, int64_t, const XT *, int, void *, bool) =
+            tokens == 1 ? gemv_bf16_kernel<1, XT> : tokens == 2 ? gemv_bf16_kernel<2, XT>
+            : tokens <= 4 ? gemv_bf16_kernel<4, XT> : gemv_bf16_kernel<8, XT>;
+        int64_t rows_per_block = WARPS_PER_BLOCK;
+        if constexpr (std::is_same<XT, __nv_bfloat16>::value) {
+            if (tokens > 1 && tensor_cores) kernel = gemv_bf16_mma_kernel, rows_per_block *= 16;
+        }
+        BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(bn_ceil_div(M, rows_per_block)),
+                                  dim3(WARPS_PER_BLOCK * 32), 0, stream, w, M, K, x + n0 * K, tokens,
+                                  static_cast<void *>(static_cast<char *>(y) + n0 * M * y_elem),
+                                  y_is_bf16));
     }
     return BITNET_OK;
 }

@@ -1,7 +1,8 @@
 /* Squared-ReLU gate: out[t, f] = max(gate_up[t, f], 0)^2 * gate_up[t, F + f], in float32. Layout
  * gate_up [T, 2F] (gate columns first), out [T, F]. Grid-stride over 8-element (16-byte) groups when
  * F % 8 == 0 and the arrays are 16-byte aligned, else over single elements. Bytes: 4TF read + 2TF
- * written (bf16/f16); not benchmarked separately (a plain streaming kernel). */
+ * written (bf16/f16); not benchmarked separately (a plain streaming kernel). Launched with
+ * programmatic dependent launch. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -9,15 +10,12 @@
 
 namespace {
 
-__device__ __forceinline__ float relu2(float gate, float up) {
-    float relu = gate < 0.0f ? 0.0f : gate; /* NaN stays NaN */
-    return relu * relu * up;
-}
-
 /* Each thread handles groups of W consecutive elements of one row (W = 8 or 1). */
 template <typename T, int W>
 __global__ void relu2_gate_kernel(const T *__restrict__ gate_up, T *__restrict__ out, int64_t T_rows,
                                   int64_t F) {
+    bn_pdl_wait();
+    bn_pdl_launch_dependents();
     const int64_t groups_per_row = F / W, groups = T_rows * groups_per_row;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < groups;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -29,13 +27,13 @@ __global__ void relu2_gate_kernel(const T *__restrict__ gate_up, T *__restrict__
             unpack8<T>(*reinterpret_cast<const uint4 *>(gate), g);
             unpack8<T>(*reinterpret_cast<const uint4 *>(up), u);
             uint4 result;
-            result.x = pack2<T>(relu2(g[0], u[0]), relu2(g[1], u[1]));
-            result.y = pack2<T>(relu2(g[2], u[2]), relu2(g[3], u[3]));
-            result.z = pack2<T>(relu2(g[4], u[4]), relu2(g[5], u[5]));
-            result.w = pack2<T>(relu2(g[6], u[6]), relu2(g[7], u[7]));
+            result.x = pack2<T>(bn_relu2(g[0], u[0]), bn_relu2(g[1], u[1]));
+            result.y = pack2<T>(bn_relu2(g[2], u[2]), bn_relu2(g[3], u[3]));
+            result.z = pack2<T>(bn_relu2(g[4], u[4]), bn_relu2(g[5], u[5]));
+            result.w = pack2<T>(bn_relu2(g[6], u[6]), bn_relu2(g[7], u[7]));
             *reinterpret_cast<uint4 *>(dst) = result;
         } else {
-            *dst = from_float<T>(relu2(to_float(*gate), to_float(*up)));
+            *dst = from_float<T>(bn_relu2(to_float(*gate), to_float(*up)));
         }
     }
 }
@@ -46,9 +44,8 @@ bitnet_status launch(int64_t T_rows, int64_t F, const void *gate_up, void *out, 
     const int64_t groups = T_rows * F / (vector ? 8 : 1);
     const unsigned blocks = (unsigned)(groups < 256 * 4096 ? bn_ceil_div(groups, 256) : 4096);
     auto kernel = vector ? relu2_gate_kernel<T, 8> : relu2_gate_kernel<T, 1>;
-    kernel<<<blocks, 256, 0, stream>>>(static_cast<const T *>(gate_up), static_cast<T *>(out),
-                                       T_rows, F);
-    BN_CUDA_CHECK_LAUNCH("relu2_gate_kernel");
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(blocks), dim3(256), 0, stream,
+                              static_cast<const T *>(gate_up), static_cast<T *>(out), T_rows, F));
     return BITNET_OK;
 }
 

@@ -1,10 +1,13 @@
-/* RMSNorm, optionally fused with the residual add before it and the int8 quantization after it:
- * v = x (or residual += x, as stored), y = v * w / sqrt(mean(v^2) + eps), q = rint(y * 127 / max|y|).
+/* RMSNorm, optionally fused with the residual add or the squared-ReLU gate before it and the int8
+ * quantization after it: v = x (or residual += x, as stored; or gated, v = relu2(gate) * up rounded
+ * to the dtype, from gate_up [T, 2H]), y = v * w / sqrt(mean(v^2) + eps), q = rint(y * 127 / max|y|).
  * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
  * vectors of 16 B, >= 4 rows per SM; 4 rows per block) or else one block per row (<= 4096
  * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
  * unaligned rows) take a loop over global memory, twice. Launched with programmatic dependent launch.
- * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight.
+ * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
+ * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.68 us at T = 1 and
+ * 2815 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize: 3.48 and 91.35 us).
  * H100, bf16, H = 2560, L2 cold: 2959 GB/s at T = 32768 (95% of the read bandwidth), 2622 GB/s
  * at T = 4096 (84%), 1.62 us at T = 1; with the int8 codes 2661 GB/s at T = 32768. docs/rmsnorm.md. */
 #include <cuda_bf16.h>
@@ -67,6 +70,27 @@ template <typename T, int N> __device__ __forceinline__ Pack<T, N> load(const vo
 template <typename T, int N>
 __device__ __forceinline__ void store(void *base, int64_t i, const Pack<T, N> &p) {
     *reinterpret_cast<Pack<T, N> *>(static_cast<T *>(base) + i) = p;
+}
+
+/* The gated input: bn_relu2(gate, up) rounded to T, as bitnet_relu2_gate stores it. */
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> relu2_gate(const Pack<T, N> &gate, const Pack<T, N> &up) {
+    Pack<T, N> v;
+#pragma unroll
+    for (int j = 0; j < N; j++) v.e[j] = from_float<T>(bn_relu2(to_float(gate.e[j]), to_float(up.e[j])));
+    return v;
+}
+
+/* The N elements of the input v at column i of row `row` of src: src [rows, cols], or gated,
+ * relu2_gate() of src = gate_up [rows, 2 cols] (the gate at column i, up at cols + i). */
+template <typename T, int N, bool GATED>
+__device__ __forceinline__ Pack<T, N> load_input(const NormArgs &a, const void *src, int64_t row, int64_t i) {
+    if constexpr (GATED) {
+        const int64_t gate = row * 2 * a.cols + i;
+        return relu2_gate(load<T, N>(src, gate), load<T, N>(src, gate + a.cols));
+    } else {
+        return load<T, N>(src, row * a.cols + i);
+    }
 }
 
 /* The new residual, residual + x rounded to T: the value stored and normalized. */
@@ -164,10 +188,12 @@ __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, cons
 
 /* A row held in registers as the products p = v * w: thread `lane` of the row's `row_threads`
  * holds the N-element vectors k * row_threads + lane, k < V. The rare float64 sum rereads v from
- * global memory (x, or the residual this thread stored) rather than keeping it live. */
-template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, bool QUANT>
+ * global memory (x, the residual this thread stored, or gated, recomputed from gate_up) rather
+ * than keeping it live. GATED and RESIDUAL are never both set. */
+template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, bool GATED, bool QUANT>
 __global__ void __launch_bounds__(WARP_PER_ROW ? 32 * WARP_ROWS_PER_BLOCK : BLOCK_MAX_THREADS)
 rmsnorm_registers(NormArgs a) {
+    static_assert(!(RESIDUAL && GATED), "the residual add and the gate are not fused together");
     wait_for_previous_kernel();
     const int row_threads = WARP_PER_ROW ? 32 : blockDim.x;
     const int lane = WARP_PER_ROW ? threadIdx.x % 32 : threadIdx.x;
@@ -180,22 +206,41 @@ rmsnorm_registers(NormArgs a) {
         const int64_t base = row * a.cols;
         float p[V][N];
         SumMax acc = {0.0f, 0.0f};
+        if constexpr (GATED) {
+            /* No branch around the loads (a lane past the row's end loads the row's first vector
+             * and drops it), so that every vector's gate, up and weight loads can be issued before
+             * the math that waits for them. */
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            const int64_t vec = (int64_t)k * row_threads + lane;
-            Pack<T, N> v, w;
-            if (vec < vectors) {
-                v = load<T, N>(a.x, base + vec * N);
-                w = load<T, N>(a.weight, vec * N);
-                if (RESIDUAL) {
-                    v = add_residual(v, load<T, N>(a.residual, base + vec * N));
-                    store<T, N>(a.residual, base + vec * N, v);
+            for (int k = 0; k < V; k++) {
+                const int64_t vec = (int64_t)k * row_threads + lane;
+                const bool in_row = vec < vectors;
+                const int64_t at = (in_row ? vec : 0) * N;
+                Pack<T, N> v = load_input<T, N, true>(a, a.x, row, at), w = load<T, N>(a.weight, at);
+#pragma unroll
+                for (int j = 0; j < N; j++) {
+                    v.e[j] = in_row ? v.e[j] : from_float<T>(0.0f);
+                    w.e[j] = in_row ? w.e[j] : from_float<T>(0.0f);
                 }
-            } else {
-#pragma unroll
-                for (int j = 0; j < N; j++) v.e[j] = w.e[j] = from_float<T>(0.0f);
+                accumulate<T, N, QUANT>(acc, v, w, p[k]);
             }
-            accumulate<T, N, QUANT>(acc, v, w, p[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int64_t vec = (int64_t)k * row_threads + lane;
+                Pack<T, N> v, w;
+                if (vec < vectors) {
+                    v = load<T, N>(a.x, base + vec * N);
+                    w = load<T, N>(a.weight, vec * N);
+                    if (RESIDUAL) {
+                        v = add_residual(v, load<T, N>(a.residual, base + vec * N));
+                        store<T, N>(a.residual, base + vec * N, v);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < N; j++) v.e[j] = w.e[j] = from_float<T>(0.0f);
+                }
+                accumulate<T, N, QUANT>(acc, v, w, p[k]);
+            }
         }
         acc = row_reduce<WARP_PER_ROW>(acc);
         const float r = inverse_rms(acc.sum, a, [&] {
@@ -203,7 +248,7 @@ rmsnorm_registers(NormArgs a) {
 #pragma unroll
             for (int k = 0; k < V; k++) {
                 const int64_t vec = (int64_t)k * row_threads + lane;
-                if (vec < vectors) sum += sum_squares64(load<T, N>(v_src, base + vec * N));
+                if (vec < vectors) sum += sum_squares64(load_input<T, N, GATED>(a, v_src, row, vec * N));
             }
             return row_reduce<WARP_PER_ROW>(sum);
         });
@@ -217,10 +262,50 @@ rmsnorm_registers(NormArgs a) {
     }
 }
 
-/* Any row: one block per row, reading it from global memory once per pass (x or the residual
- * again in the second pass; each thread rereads only what it wrote itself). */
-template <typename T, int N, bool RESIDUAL, bool QUANT>
+/* As many rows as the GPU holds at once (no residual, no gate; sm_80): a warp per row copies its
+ * row into shared memory with cp.async and works from there. Registers hold about half as many rows
+ * per SM, which left mid-sized T (4096 x 2560) in two waves, each waiting on its loads. */
+template <typename T, int N, bool QUANT>
+__global__ void __launch_bounds__(32 * WARP_ROWS_PER_BLOCK) rmsnorm_shared(NormArgs a) {
+    extern __shared__ uint4 staged[]; /* [WARP_ROWS_PER_BLOCK][vectors] */
+    wait_for_previous_kernel();
+    const int lane = threadIdx.x % 32;
+    const int64_t vectors = a.cols / N;
+    const Pack<T, N> *v = reinterpret_cast<const Pack<T, N> *>(staged + threadIdx.x / 32 * vectors);
+    for (int64_t row = blockIdx.x * (int64_t)WARP_ROWS_PER_BLOCK + threadIdx.x / 32; row < a.rows;
+         row += gridDim.x * (int64_t)WARP_ROWS_PER_BLOCK) {
+        const T *x = static_cast<const T *>(a.x) + row * a.cols;
+        /* Each lane copies, and later reads, only its own vectors: no barrier is needed. */
+        for (int64_t vec = lane; vec < vectors; vec += 32) cp_async_16((void *)&v[vec], x + vec * N, true);
+        cp_async_commit();
+        cp_async_wait<0>();
+        SumMax acc = {0.0f, 0.0f};
+        for (int64_t vec = lane; vec < vectors; vec += 32) {
+            float p[N];
+            accumulate<T, N, QUANT>(acc, v[vec], load<T, N>(a.weight, vec * N), p);
+        }
+        acc = row_reduce<true>(acc);
+        const float r = inverse_rms(acc.sum, a, [&] {
+            double sum = 0.0;
+            for (int64_t vec = lane; vec < vectors; vec += 32) sum += sum_squares64(v[vec]);
+            return row_reduce<true>(sum);
+        });
+        const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
+        for (int64_t vec = lane; vec < vectors; vec += 32) {
+            float p[N];
+            SumMax unused = {0.0f, 0.0f};
+            accumulate<T, N, false>(unused, v[vec], load<T, N>(a.weight, vec * N), p);
+            write_outputs<T, N, QUANT>(a, row * a.cols + vec * N, p, r, r * scale);
+        }
+        if (QUANT && lane == 0) a.y_scales[row] = scale;
+    }
+}
+
+/* Any row: one block per row, reading it from global memory once per pass (x, the residual or
+ * gate_up again in the second pass; each thread rereads only what it wrote itself). */
+template <typename T, int N, bool RESIDUAL, bool GATED, bool QUANT>
 __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
+    static_assert(!(RESIDUAL && GATED), "the residual add and the gate are not fused together");
     wait_for_previous_kernel();
     const void *v_src = RESIDUAL ? a.residual : a.x;
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
@@ -228,7 +313,7 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
         const int64_t first = (int64_t)threadIdx.x * N, step = (int64_t)blockDim.x * N;
         SumMax acc = {0.0f, 0.0f};
         for (int64_t i = first; i < a.cols; i += step) {
-            Pack<T, N> v = load<T, N>(a.x, base + i);
+            Pack<T, N> v = load_input<T, N, GATED>(a, a.x, row, i);
             if (RESIDUAL) {
                 v = add_residual(v, load<T, N>(a.residual, base + i));
                 store<T, N>(a.residual, base + i, v);
@@ -239,14 +324,16 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
         acc = row_reduce<false>(acc);
         const float r = inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
-            for (int64_t i = first; i < a.cols; i += step) sum += sum_squares64(load<T, N>(v_src, base + i));
+            for (int64_t i = first; i < a.cols; i += step)
+                sum += sum_squares64(load_input<T, N, GATED>(a, v_src, row, i));
             return row_reduce<false>(sum);
         });
         const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
         for (int64_t i = first; i < a.cols; i += step) {
             float p[N];
             SumMax unused = {0.0f, 0.0f};
-            accumulate<T, N, false>(unused, load<T, N>(v_src, base + i), load<T, N>(a.weight, i), p);
+            accumulate<T, N, false>(unused, load_input<T, N, GATED>(a, v_src, row, i),
+                                    load<T, N>(a.weight, i), p);
             write_outputs<T, N, QUANT>(a, base + i, p, r, r * scale);
         }
         if (QUANT && threadIdx.x == 0) a.y_scales[row] = scale;
@@ -257,14 +344,15 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
  * block per row. */
 constexpr int V_CHOICES[] = {1, 2, 3, 4, 6, 8, 10, 12};
 
-template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, bool QUANT, int I = 0>
+template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, bool GATED, bool QUANT, int I = 0>
 void (*registers_kernel(int v))(NormArgs) {
     constexpr int count = sizeof V_CHOICES / sizeof *V_CHOICES;
     if constexpr (I == count || V_CHOICES[I] > (WARP_PER_ROW ? WARP_MAX_V : BLOCK_MAX_V)) {
         return nullptr;
     } else {
-        if (v == V_CHOICES[I]) return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, QUANT>;
-        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, QUANT, I + 1>(v);
+        if (v == V_CHOICES[I])
+            return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, GATED, QUANT>;
+        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, GATED, QUANT, I + 1>(v);
     }
 }
 
@@ -277,10 +365,14 @@ int smallest_v(int64_t needed) {
 
 bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p % bytes == 0; }
 
-/* Picks the kernel and its shape for the row length and alignment, and launches it. */
-template <typename T, bool RESIDUAL, bool QUANT>
+/* Picks the kernel and its shape for the row length and alignment, and launches it. Gated, x is
+ * gate_up: with cols % N == 0 its gate and up halves are as aligned as its start, so the shape is
+ * the one bitnet_rmsnorm picks for the gate's output of the same alignment. */
+template <typename T, bool RESIDUAL, bool GATED, bool QUANT>
 bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
+    int major = 0;
+    BN_CUDA_TRY(bn_current_cc_major(&major));
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
                             aligned(a.weight, 16) && aligned(a.y, 16) && aligned(a.y_q, N);
     const int64_t vectors = a.cols / N;
@@ -289,37 +381,75 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     /* With the residual's second stream of loads, a block per row was faster at every T. */
     const bool warp_per_row = !RESIDUAL && vectorized && vectors <= 32 * WARP_MAX_V &&
                               a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
+    size_t shared_bytes = 0;
     if (warp_per_row) {
-        kernel = registers_kernel<T, N, true, false, QUANT>(smallest_v((vectors + 31) / 32));
+        kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
+        if (!GATED && major >= 8) {
+            /* Rows in shared memory where they all fit at once; beyond, the register kernel's
+             * waves keep the loads going as well (95% of the read bandwidth at T = 32768). */
+            auto shared_kernel = rmsnorm_shared<T, N, QUANT>;
+            const size_t bytes = WARP_ROWS_PER_BLOCK * vectors * 16;
+            int blocks_per_sm = 0;
+            if (bytes > 48 * 1024)
+                BN_CUDA_TRY(cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)bytes));
+            BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, shared_kernel,
+                                                                      (int)threads, bytes));
+            if (grid <= (int64_t)blocks_per_sm * sm_count) kernel = shared_kernel, shared_bytes = bytes;
+        }
     } else if (vectorized && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
         int v = smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
-        kernel = registers_kernel<T, N, false, RESIDUAL, QUANT>(v);
+        kernel = registers_kernel<T, N, false, RESIDUAL, GATED, QUANT>(v);
         threads = ((vectors + v - 1) / v + 31) / 32 * 32;
         grid = a.rows;
     } else {
-        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, QUANT> : rmsnorm_loop<T, 1, RESIDUAL, QUANT>;
+        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, GATED, QUANT>
+                            : rmsnorm_loop<T, 1, RESIDUAL, GATED, QUANT>;
         const int64_t per_thread = vectorized ? N : 1;
         threads = (a.cols + per_thread - 1) / per_thread;
         threads = threads > LOOP_THREADS ? LOOP_THREADS : (threads + 31) / 32 * 32;
         grid = a.rows;
     }
     if (kernel == nullptr)
-        return bn_fail(BITNET_ERR_INTERNAL, "bitnet_rmsnorm: no kernel for H=%lld", (long long)a.cols);
+        return bn_fail(BITNET_ERR_INTERNAL, "%s: no kernel for %s=%lld",
+                       GATED ? "bitnet_relu2_rmsnorm" : "bitnet_rmsnorm", GATED ? "F" : "H",
+                       (long long)a.cols);
     /* Rows beyond the grid are taken by the blocks' row loops. */
     const int64_t max_grid = (int64_t)sm_count * 64;
     grid = grid < max_grid ? grid : max_grid;
 
-    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), 0, stream, a));
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), shared_bytes,
+                              stream, a));
     return BITNET_OK;
 }
 
-template <typename T> bitnet_status launch_dtype(const NormArgs &a, int sm_count, cudaStream_t stream) {
+/* Gated runs never have a residual: 6 of the 8 (RESIDUAL, GATED, QUANT) combinations exist. */
+template <typename T>
+bitnet_status launch_dtype(const NormArgs &a, bool gated, int sm_count, cudaStream_t stream) {
+    if (gated)
+        return a.y_q ? launch<T, false, true, true>(a, sm_count, stream)
+                     : launch<T, false, true, false>(a, sm_count, stream);
     if (a.residual)
-        return a.y_q ? launch<T, true, true>(a, sm_count, stream) : launch<T, true, false>(a, sm_count, stream);
-    return a.y_q ? launch<T, false, true>(a, sm_count, stream) : launch<T, false, false>(a, sm_count, stream);
+        return a.y_q ? launch<T, true, false, true>(a, sm_count, stream)
+                     : launch<T, true, false, false>(a, sm_count, stream);
+    return a.y_q ? launch<T, false, false, true>(a, sm_count, stream)
+                 : launch<T, false, false, false>(a, sm_count, stream);
+}
+
+/* Both entry points: x is gate_up [T, 2H] when gated (residual then NULL). */
+bitnet_status run(int32_t device, int32_t dtype, bool gated, const NormArgs &a, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    int32_t sm_count = 0;
+    BN_TRY(bn_cuda_sm_count(device, &sm_count));
+    switch (dtype) {
+    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gated, sm_count, bn_stream(stream));
+    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gated, sm_count, bn_stream(stream));
+    default: return launch_dtype<__nv_bfloat16>(a, gated, sm_count, bn_stream(stream));
+    }
 }
 
 }  // namespace
@@ -327,14 +457,12 @@ template <typename T> bitnet_status launch_dtype(const NormArgs &a, int sm_count
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y, int8_t *y_q,
                               float *y_scales, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    int32_t sm_count = 0;
-    BN_TRY(bn_cuda_sm_count(device, &sm_count));
-    const NormArgs a = {x, residual, weight, eps, y, y_q, y_scales, T, H};
-    switch (dtype) {
-    case BITNET_DTYPE_F32: return launch_dtype<float>(a, sm_count, bn_stream(stream));
-    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, sm_count, bn_stream(stream));
-    default: return launch_dtype<__nv_bfloat16>(a, sm_count, bn_stream(stream));
-    }
+    return run(device, dtype, false, NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H}, stream);
+}
+
+bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                    const void *gate_up, const void *weight, float eps, void *y,
+                                    int8_t *y_q, float *y_scales, void *stream) {
+    return run(device, dtype, true, NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F},
+               stream);
 }

@@ -2,7 +2,8 @@
  * p = positions[b] + s turns each pair (x[i], x[i + D/2]) by p * theta^(-2i/D), then rotated k and
  * plain v go to cache row p. One block per token, thread i owns pair i of every head; its angle,
  * cos and sin are computed once in float64, the rotation in float32. Bytes: q read + written, k and
- * v read, two cache rows written: tiny next to attention (not benchmarked separately). */
+ * v read, two cache rows written: tiny next to attention (not benchmarked separately). Launched
+ * with programmatic dependent launch, waiting for the previous kernel before reading anything. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -15,6 +16,8 @@ __global__ void rope_append_kv_kernel(T *__restrict__ q, const T *__restrict__ k
                                       const T *__restrict__ v, T *__restrict__ k_cache,
                                       T *__restrict__ v_cache, const int32_t *__restrict__ positions,
                                       int S, int Hq, int Hkv, int D, int C, double log2_theta) {
+    bn_pdl_wait();
+    bn_pdl_launch_dependents();
     const int64_t token = blockIdx.x;
     const int b = (int)(token / S), half = D / 2, i = threadIdx.x;
     const int first = positions[b];
@@ -47,11 +50,11 @@ bitnet_status launch(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D, v
     if (B * S > INT32_MAX)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rope_append_kv: B * S = %lld tokens is too "
                        "many for one launch", (long long)(B * S));
-    rope_append_kv_kernel<T><<<(unsigned)(B * S), (unsigned)(D / 2), 0, stream>>>(
-        static_cast<T *>(q), static_cast<const T *>(k), static_cast<const T *>(v),
-        static_cast<T *>(k_cache), static_cast<T *>(v_cache), positions, (int)S, (int)Hq, (int)Hkv,
-        (int)D, (int)C, log2((double)theta));
-    BN_CUDA_CHECK_LAUNCH("rope_append_kv_kernel");
+    BN_CUDA_TRY(bn_launch_pdl(rope_append_kv_kernel<T>, dim3((unsigned)(B * S)), dim3((unsigned)(D / 2)),
+                              0, stream, static_cast<T *>(q), static_cast<const T *>(k),
+                              static_cast<const T *>(v), static_cast<T *>(k_cache),
+                              static_cast<T *>(v_cache), positions, (int)S, (int)Hq, (int)Hkv,
+                              (int)D, (int)C, log2((double)theta)));
     return BITNET_OK;
 }
 
