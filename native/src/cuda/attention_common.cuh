@@ -78,6 +78,17 @@ __device__ __forceinline__ float warp_sum(float x) {
 /* The attention kernels need sm_80 (cp.async, bf16 mma.sync): bn_cuda_attention refuses older GPUs
  * before launching (BN_SM80_ASM, common.cuh). */
 
+/* 16-byte asynchronous global -> shared copy; when `inside` is false the destination gets zeros and
+ * nothing is read. */
+__device__ __forceinline__ void cp_async_16(void *smem, const void *global, bool inside) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(global), "r"(inside ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 /* Tensor-core building blocks (mma.sync m16n8k16, ldmatrix) of the decode and prefill kernels. */
 
 /* Chunk c of row r lives at c ^ (r % 8): the 8 rows an ldmatrix reads hit 8 different bank groups. */

@@ -51,17 +51,6 @@ static inline cudaStream_t bn_stream(void *stream) { return static_cast<cudaStre
 #define BN_SM80_ASM(...) asm volatile(__VA_ARGS__)
 #endif
 
-/* 16-byte asynchronous global -> shared copy (sm_80); when `inside` is false the destination gets
- * zeros and nothing is read. */
-__device__ __forceinline__ void cp_async_16(void *smem, const void *global, bool inside) {
-    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(global), "r"(inside ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /* The compute capability's major number of the current device. */
 static inline cudaError_t bn_current_cc_major(int *major) {
     int device = 0;

@@ -262,45 +262,6 @@ rmsnorm_registers(NormArgs a) {
     }
 }
 
-/* As many rows as the GPU holds at once (no residual, no gate; sm_80): a warp per row copies its
- * row into shared memory with cp.async and works from there. Registers hold about half as many rows
- * per SM, which left mid-sized T (4096 x 2560) in two waves, each waiting on its loads. */
-template <typename T, int N, bool QUANT>
-__global__ void __launch_bounds__(32 * WARP_ROWS_PER_BLOCK) rmsnorm_shared(NormArgs a) {
-    extern __shared__ uint4 staged[]; /* [WARP_ROWS_PER_BLOCK][vectors] */
-    wait_for_previous_kernel();
-    const int lane = threadIdx.x % 32;
-    const int64_t vectors = a.cols / N;
-    const Pack<T, N> *v = reinterpret_cast<const Pack<T, N> *>(staged + threadIdx.x / 32 * vectors);
-    for (int64_t row = blockIdx.x * (int64_t)WARP_ROWS_PER_BLOCK + threadIdx.x / 32; row < a.rows;
-         row += gridDim.x * (int64_t)WARP_ROWS_PER_BLOCK) {
-        const T *x = static_cast<const T *>(a.x) + row * a.cols;
-        /* Each lane copies, and later reads, only its own vectors: no barrier is needed. */
-        for (int64_t vec = lane; vec < vectors; vec += 32) cp_async_16((void *)&v[vec], x + vec * N, true);
-        cp_async_commit();
-        cp_async_wait<0>();
-        SumMax acc = {0.0f, 0.0f};
-        for (int64_t vec = lane; vec < vectors; vec += 32) {
-            float p[N];
-            accumulate<T, N, QUANT>(acc, v[vec], load<T, N>(a.weight, vec * N), p);
-        }
-        acc = row_reduce<true>(acc);
-        const float r = inverse_rms(acc.sum, a, [&] {
-            double sum = 0.0;
-            for (int64_t vec = lane; vec < vectors; vec += 32) sum += sum_squares64(v[vec]);
-            return row_reduce<true>(sum);
-        });
-        const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
-        for (int64_t vec = lane; vec < vectors; vec += 32) {
-            float p[N];
-            SumMax unused = {0.0f, 0.0f};
-            accumulate<T, N, false>(unused, v[vec], load<T, N>(a.weight, vec * N), p);
-            write_outputs<T, N, QUANT>(a, row * a.cols + vec * N, p, r, r * scale);
-        }
-        if (QUANT && lane == 0) a.y_scales[row] = scale;
-    }
-}
-
 /* Any row: one block per row, reading it from global memory once per pass (x, the residual or
  * gate_up again in the second pass; each thread rereads only what it wrote itself). */
 template <typename T, int N, bool RESIDUAL, bool GATED, bool QUANT>
@@ -371,8 +332,6 @@ bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p
 template <typename T, bool RESIDUAL, bool GATED, bool QUANT>
 bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
-    int major = 0;
-    BN_CUDA_TRY(bn_current_cc_major(&major));
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
                             aligned(a.weight, 16) && aligned(a.y, 16) && aligned(a.y_q, N);
     const int64_t vectors = a.cols / N;
@@ -381,24 +340,10 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     /* With the residual's second stream of loads, a block per row was faster at every T. */
     const bool warp_per_row = !RESIDUAL && vectorized && vectors <= 32 * WARP_MAX_V &&
                               a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
-    size_t shared_bytes = 0;
     if (warp_per_row) {
         kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
-        if (!GATED && major >= 8) {
-            /* Rows in shared memory where they all fit at once; beyond, the register kernel's
-             * waves keep the loads going as well (95% of the read bandwidth at T = 32768). */
-            auto shared_kernel = rmsnorm_shared<T, N, QUANT>;
-            const size_t bytes = WARP_ROWS_PER_BLOCK * vectors * 16;
-            int blocks_per_sm = 0;
-            if (bytes > 48 * 1024)
-                BN_CUDA_TRY(cudaFuncSetAttribute(shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)bytes));
-            BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, shared_kernel,
-                                                                      (int)threads, bytes));
-            if (grid <= (int64_t)blocks_per_sm * sm_count) kernel = shared_kernel, shared_bytes = bytes;
-        }
     } else if (vectorized && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
         int v = smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
@@ -421,8 +366,7 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t max_grid = (int64_t)sm_count * 64;
     grid = grid < max_grid ? grid : max_grid;
 
-    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), shared_bytes,
-                              stream, a));
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), 0, stream, a));
     return BITNET_OK;
 }
 
