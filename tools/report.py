@@ -187,6 +187,8 @@ def main():
     args = parser.parse_args()
     results = [json.load(open(path)) for path in args.results]
     demos = sorted((r for r in results if r["tool"] == "demo"), key=lambda r: r["batch"])
+    if args.charts:
+        os.makedirs(args.charts, exist_ok=True)
     sections = [f"## {args.title}"] if args.title else []
     charts = []
     for result in results:
