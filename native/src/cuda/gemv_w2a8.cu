@@ -1,17 +1,23 @@
 /* CUDA W2A8 GEMV: y[n, m] = (dot(codes[m], x_q[n]) - sum(x_q[n])) * w_scales[m] / x_scales[n],
  * codes = W_q + 1 (docs/weight_format.md: (word >> 2i) & 0x03030303 is the codes of 4 consecutive
- * weights). x of the launch's tokens is staged in shared memory (16-byte pieces swizzled so that the
- * reads are conflict-free); the weights are streamed from HBM exactly once per launch.
- * - 1 token, dp4a: a warp owns 4 rows, 8 lanes per row; a lane loads 8 16-byte chunks of its row
- *   at a time and prefetches the next 8 while it computes.
+ * weights). The weights are streamed from HBM exactly once per launch.
+ * - 1 token, dp4a: x is staged in shared memory (16-byte pieces swizzled so that the reads are
+ *   conflict-free), its sum found on the way. A warp owns 4 rows, 8 lanes per row; a lane loads 8
+ *   16-byte chunks of its row at a time and prefetches the next 8 while it computes.
  * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K;
  *   lane (g, t) loads 16 bytes of rows g and g+8 at chunk 4s+t, which feed 8 mma steps; the mma's
- *   k order is a permutation of K, applied to x alike. The 8 partial tiles meet in shared memory.
- * Programmatic dependent launch: the first weight loads are issued before griddepcontrol.wait, x
- * and the scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2 cold (bench_gemv.py):
- * 55296x5120 26.1 us = 2719 GB/s (87% of read BW), 5120x27648 15.4 us (74%), 2560x2560 2.3 us. */
+ *   k order is a permutation of K, applied to x alike. x is read straight from global memory into
+ *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The 8 partial
+ *   tiles meet in shared memory, and 128 threads per 8 tokens finish one output each. The sums of
+ *   x that turn codes into W_q are taken during a block's first tile, which is compiled apart.
+ * Programmatic dependent launch: the first weight loads and the weight scales are issued before
+ * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
+ * cold (bench_gemv.py): 55296x5120 26.2 us = 2706 GB/s (87% of read BW), 5120x27648 14.2 us (80%),
+ * 2560x2560 2.2 us; 8 tokens: 13824x2560 7.2 us (1.55x one token), 2560x2560 2.8 us. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -19,7 +25,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int64_t kSharedBudget = 160 * 1024; /* the x tile, NT * K bytes */
 
 /* dp4a kernel, one token */
 constexpr int kLanesPerRow = 8;
@@ -42,48 +47,34 @@ struct GemvArgs {
     int M, K, n_valid;
 };
 
-/* Byte offset of 16-byte piece q of chunk c (64 bytes) of token n in the x tile. The XOR spreads
- * over all banks both 8 consecutive chunks of one token and 4 chunks of 2 adjacent tokens. */
-__device__ __forceinline__ int x_offset(int K, int n, int c, int q) {
-    return n * K + c * 64 + 16 * (q ^ (((c >> 1) + 2 * (n & 1)) & 3));
-}
+/* Byte offset of 16-byte piece q of chunk c (64 bytes) of x in the one-token kernel's tile. The XOR
+ * spreads the 8 consecutive chunks that a row's 8 lanes read over all banks. */
+__device__ __forceinline__ int x_offset(int c, int q) { return c * 64 + 16 * (q ^ ((c >> 1) & 3)); }
 
 __device__ __forceinline__ uint32_t codes(uint32_t word, int shift) {
     return (word >> (2 * shift)) & 0x03030303u;
 }
 
-/* Stages x of NT tokens (zeros past n_valid) and x_sums[n] = sum_k x[n, k]. All threads. */
-template <int NT>
-__device__ void stage_x(const GemvArgs &a, int8_t *x_tile, int *x_sums) {
-    const int pieces = a.K / 16;
-    for (int p = threadIdx.x; p < NT * pieces; p += kThreads) {
-        int n = p / pieces, piece = p % pieces;
-        int4 v = make_int4(0, 0, 0, 0);
-        if (n < a.n_valid) v = reinterpret_cast<const int4 *>(a.x_q + static_cast<int64_t>(n) * a.K)[piece];
-        *reinterpret_cast<int4 *>(x_tile + x_offset(a.K, n, piece / 4, piece % 4)) = v;
+/* Copies x of the one token into the tile; returns the sum of the x bytes this thread copied. The
+ * caller syncs before reading the tile. */
+__device__ int stage_x(const GemvArgs &a, int8_t *x_tile) {
+    int sum = 0;
+    for (int piece = threadIdx.x; piece < a.K / 16; piece += kThreads) {
+        const int4 v = reinterpret_cast<const int4 *>(a.x_q)[piece];
+        *reinterpret_cast<int4 *>(x_tile + x_offset(piece / 4, piece % 4)) = v;
+        sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
     }
-    __syncthreads();
-    const int lane = threadIdx.x % 32;
-    for (int n = threadIdx.x / 32; n < NT; n += kWarps) {
-        const int4 *x = reinterpret_cast<const int4 *>(x_tile + n * a.K);
-        int sum = 0;
-        for (int piece = lane; piece < pieces; piece += 32) {
-            int4 v = x[piece];
-            sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
-        }
-        for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(~0u, sum, offset);
-        if (lane == 0) x_sums[n] = sum;
-    }
-    __syncthreads();
+    return sum;
 }
 
-__device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot) {
+/* y[n, m] from the exact dot; the scales were loaded ahead (0 where the output is not stored). */
+__device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot, float w_scale, float x_scale) {
     int64_t index = static_cast<int64_t>(n) * a.M + m;
     if (a.y_dtype == BITNET_DTYPE_I32) {
         static_cast<int *>(a.y)[index] = dot;
         return;
     }
-    float value = __fdiv_rn(__fmul_rn(static_cast<float>(dot), a.w_scales[m]), a.x_scales[n]);
+    float value = __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
     if (a.y_dtype == BITNET_DTYPE_F32) static_cast<float *>(a.y)[index] = value;
     else if (a.y_dtype == BITNET_DTYPE_F16) static_cast<__half *>(a.y)[index] = __float2half_rn(value);
     else static_cast<__nv_bfloat16 *>(a.y)[index] = __float2bfloat16_rn(value);
@@ -92,7 +83,7 @@ __device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot) 
 __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     extern __shared__ int4 shared[];
     int8_t *x_tile = reinterpret_cast<int8_t *>(shared);
-    int *x_sums = reinterpret_cast<int *>(x_tile + a.K);
+    int *warp_x_sums = reinterpret_cast<int *>(x_tile + a.K);
 
     const int lane = threadIdx.x % 32, sub = lane % kLanesPerRow;
     const int chunks_per_row = a.K / 64;
@@ -113,13 +104,27 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
         }
     };
 
+    auto row_scale = [&](int tile_) {
+        int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
+        return tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
+    };
+
+    /* The weights and their scales never depend on the previous kernel. */
     uint4 w[kChunksPerLane];
-    if (tile < tiles) load(w, tile, 0); /* the weights never depend on the previous kernel */
+    if (tile < tiles) load(w, tile, 0);
+    float w_scale = row_scale(tile);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
-    stage_x<1>(a, x_tile, x_sums);
+    const float x_scale = a.x_scales[0];
+    int x_sum = stage_x(a, x_tile);
+    for (int offset = 16; offset > 0; offset /= 2) x_sum += __shfl_xor_sync(~0u, x_sum, offset);
+    if (lane == 0) warp_x_sums[threadIdx.x / 32] = x_sum;
+    __syncthreads();
+    x_sum = 0;
+    for (int warp = 0; warp < kWarps; warp++) x_sum += warp_x_sums[warp];
 
     for (; tile < tiles; tile += warp_stride) {
+        const float next_w_scale = row_scale(tile + warp_stride);
         int acc = 0;
         for (int iteration = 0; iteration < iterations; iteration++) {
             uint4 next[kChunksPerLane];
@@ -132,7 +137,7 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
                 const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    int4 x = *reinterpret_cast<const int4 *>(x_tile + x_offset(a.K, 0, chunk, q));
+                    int4 x = *reinterpret_cast<const int4 *>(x_tile + x_offset(chunk, q));
                     /* x word 4q+j holds k = 16q+4j..+3 of the chunk: packed word q, shift j */
                     acc = __dp4a(static_cast<int>(codes(words[q], 0)), x.x, acc);
                     acc = __dp4a(static_cast<int>(codes(words[q], 1)), x.y, acc);
@@ -146,7 +151,8 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 #pragma unroll
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(~0u, acc, offset);
         int row = tile * kRowsPerWarp + lane / kLanesPerRow;
-        if (sub == 0 && row < a.M) store(a, 0, row, acc - x_sums[0]);
+        if (sub == 0 && row < a.M) store(a, 0, row, acc - x_sum, w_scale, x_scale);
+        w_scale = next_w_scale;
     }
 }
 
@@ -159,15 +165,22 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* The B fragments of the 8 mma steps of one chunk, read from global memory (L1 keeps x for the
+ * block's later tiles and the SM's other blocks): x[q] holds x of token n at bytes 16q..16q+15 of
+ * the chunk, zeros past the row's end and for tokens past n_valid. */
+__device__ __forceinline__ void load_x_fragment(int4 (&x)[4], const GemvArgs &a, int n, int chunk) {
+    const bool inside = chunk < a.K / 64 && n < a.n_valid;
+    const int4 *src = reinterpret_cast<const int4 *>(a.x_q + static_cast<int64_t>(n) * a.K + chunk * 64);
+#pragma unroll
+    for (int q = 0; q < 4; q++) x[q] = inside ? __ldg(src + q) : make_int4(0, 0, 0, 0);
+}
+
 /* NT = 8 * NTILES tokens. Lane (g, t) = (lane / 4, lane % 4), as in the mma fragment layouts:
  * A row g and g+8 of the block's 16 rows, B column (token) g, D rows g, g+8 x tokens 2t, 2t+1. */
 template <int NTILES>
 __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
-    constexpr int NT = 8 * NTILES;
     extern __shared__ int4 shared[];
-    int8_t *x_tile = reinterpret_cast<int8_t *>(shared);
-    int *x_sums = reinterpret_cast<int *>(x_tile + NT * a.K);
-    int *partial = x_sums + NT; /* [kWarps][NTILES][4][32] */
+    int *partial = reinterpret_cast<int *>(shared); /* [kWarps][NTILES * 128] */
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int chunks_per_row = a.K / 64;
@@ -192,15 +205,35 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
         }
     };
 
+    /* Thread o < NTILES * 128 finishes output o of each tile: D element r of lane o % 32 of tile
+     * o / 128, fragment (j, r) of the warps' partial tiles. */
+    const int o = threadIdx.x, o_lane = o % 32, o_r = (o / 32) % 4;
+    const bool finisher = o < NTILES * 128;
+    const int o_n = 8 * (o / 128) + 2 * (o_lane % 4) + o_r % 2, o_row = o_lane / 4 + 8 * (o_r / 2);
+    auto row_scale = [&](int tile_) {
+        int row = tile_ * kRowsPerBlock + o_row;
+        return finisher && tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
+    };
+
+    /* The weights and their scales never depend on the previous kernel. */
     int tile = blockIdx.x;
     uint4 w[kStepsPerLoad][2];
     if (tile < tiles && iterations > 0) load(w, tile, 0);
+    float w_scale = row_scale(tile);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
-    stage_x<NT>(a, x_tile, x_sums);
+    const float x_scale = finisher && o_n < a.n_valid ? a.x_scales[o_n] : 0.0f;
 
-    for (; tile < tiles; tile += gridDim.x) {
+    /* x_neg[j][r] = -sum of x of D element r's token over this warp's quads, added to the dots so
+     * that the codes (W_q + 1) give W_q . x; the same for every tile, found during the first. */
+    int x_neg[NTILES][4];
+    /* One tile of 16 rows: its dots into shared memory, then the finishers' outputs. `first` is
+     * std::true_type for the block's first tile, so that later tiles are compiled without the sums. */
+    auto run_tile = [&](auto first) {
+        constexpr bool kFirst = decltype(first)::value;
+        const float next_w_scale = row_scale(tile + gridDim.x);
         int d[NTILES][4] = {};
+        int x_sum[NTILES] = {}; /* lane (g, t): x of token g + 8j over its chunks, first tile only */
         for (int iteration = 0; iteration < iterations; iteration++) {
             uint4 next[kStepsPerLoad][2];
             int next_tile = iteration + 1 < iterations ? tile : tile + gridDim.x;
@@ -208,17 +241,18 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
 #pragma unroll
             for (int s = 0; s < kStepsPerLoad; s++) {
                 int quad = warp + kWarps * (iteration * kStepsPerLoad + s);
-                int chunk = 4 * quad + t;
                 if (quad >= quads) break;
                 const uint32_t lo[4] = {w[s][0].x, w[s][0].y, w[s][0].z, w[s][0].w};
                 const uint32_t hi[4] = {w[s][1].x, w[s][1].y, w[s][1].z, w[s][1].w};
 #pragma unroll
                 for (int j = 0; j < NTILES; j++) {
-                    int4 x[4] = {};
-                    if (chunk < chunks_per_row) {
+                    int4 x[4];
+                    load_x_fragment(x, a, g + 8 * j, 4 * quad + t);
+                    if (kFirst) {
 #pragma unroll
                         for (int q = 0; q < 4; q++)
-                            x[q] = *reinterpret_cast<const int4 *>(x_tile + x_offset(a.K, g + 8 * j, chunk, q));
+                            x_sum[j] = __dp4a(x[q].x, 0x01010101, __dp4a(x[q].y, 0x01010101,
+                                       __dp4a(x[q].z, 0x01010101, __dp4a(x[q].w, 0x01010101, x_sum[j]))));
                     }
                     /* mma step q, half e: k = 16q + 4(2e) and 16q + 4(2e+1) of the lane's chunk */
 #pragma unroll
@@ -231,25 +265,36 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
 #pragma unroll
             for (int s = 0; s < kStepsPerLoad; s++) w[s][0] = next[s][0], w[s][1] = next[s][1];
         }
-        /* The 8 warps' partial tiles -> warp 0 adds them and stores. */
+        if (kFirst) {
+            /* The sums over t meet in lanes 4g..4g+3; D element r of lane (g, t) has token 2t + r % 2. */
+#pragma unroll
+            for (int j = 0; j < NTILES; j++) {
+                x_sum[j] += __shfl_xor_sync(~0u, x_sum[j], 1);
+                x_sum[j] += __shfl_xor_sync(~0u, x_sum[j], 2);
+                const int even = __shfl_sync(~0u, x_sum[j], 8 * t), odd = __shfl_sync(~0u, x_sum[j], 8 * t + 4);
+                x_neg[j][0] = x_neg[j][2] = -even;
+                x_neg[j][1] = x_neg[j][3] = -odd;
+            }
+        }
+        /* The 8 warps' partial tiles meet in shared memory; each finisher adds up its output. */
 #pragma unroll
         for (int j = 0; j < NTILES; j++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) partial[((warp * NTILES + j) * 4 + r) * 32 + lane] = d[j][r];
+            for (int r = 0; r < 4; r++)
+                partial[(warp * NTILES * 4 + j * 4 + r) * 32 + lane] = d[j][r] + x_neg[j][r];
         __syncthreads();
-        if (warp == 0) {
+        if (finisher) {
+            int dot = 0;
 #pragma unroll
-            for (int j = 0; j < NTILES; j++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    int dot = 0;
-                    for (int w2 = 0; w2 < kWarps; w2++) dot += partial[((w2 * NTILES + j) * 4 + r) * 32 + lane];
-                    int row = tile * kRowsPerBlock + g + 8 * (r / 2), n = 8 * j + 2 * t + r % 2;
-                    if (row < a.M && n < a.n_valid) store(a, n, row, dot - x_sums[n]);
-                }
+            for (int w2 = 0; w2 < kWarps; w2++) dot += partial[w2 * NTILES * 128 + o];
+            int row = tile * kRowsPerBlock + o_row;
+            if (row < a.M && o_n < a.n_valid) store(a, o_n, row, dot, w_scale, x_scale);
         }
+        w_scale = next_w_scale;
         __syncthreads();
-    }
+    };
+    if (tile < tiles) run_tile(std::true_type());
+    for (tile += gridDim.x; tile < tiles; tile += gridDim.x) run_tile(std::false_type());
 }
 
 /* Launches `kernel` with programmatic stream serialization on a grid of at most `blocks_per_sm`
@@ -283,15 +328,14 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
                        "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
     cudaStream_t s = bn_stream(stream);
     int64_t y_size = bn_dtype_size(y_dtype);
-    /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma) as far as x fits the shared-memory budget;
-     * past 16 tokens, or where even 8 do not fit, launches repeat (and read the weights again). */
+    /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma); past 16 tokens launches repeat (and read
+     * the weights again). The int8 tensor-core kernel needs sm_80; older GPUs take one token per
+     * launch. */
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    /* The int8 tensor-core kernel needs sm_80; older GPUs take one token per launch. */
-    int64_t tokens_fit = major >= 8 ? kSharedBudget / K : 0;
     for (int64_t n0 = 0; n0 < N;) {
         int64_t left = N - n0;
-        int nt = left == 1 || tokens_fit < 8 ? 1 : left <= 8 || tokens_fit < 16 ? 8 : 16;
+        int nt = left == 1 || major < 8 ? 1 : left <= 8 ? 8 : 16;
         GemvArgs a;
         a.w = reinterpret_cast<const uint4 *>(w_packed);
         a.w_scales = w_scales;
@@ -302,14 +346,13 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         a.M = static_cast<int>(M);
         a.K = static_cast<int>(K);
         a.n_valid = static_cast<int>(left < nt ? left : nt);
-        size_t x_bytes = static_cast<size_t>(nt) * K + nt * sizeof(int);
         if (nt == 1) {
+            size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
             int64_t warp_tiles = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-            BN_TRY(launch(device, gemv_one_token, warp_tiles, kOneTokenBlocksPerSm, x_bytes, a, s));
+            BN_TRY(launch(device, gemv_one_token, warp_tiles, kOneTokenBlocksPerSm, bytes, a, s));
         } else {
             int64_t tiles = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-            size_t partial_bytes = static_cast<size_t>(kWarps) * (nt / 8) * 4 * 32 * sizeof(int);
-            size_t bytes = x_bytes + partial_bytes;
+            size_t bytes = static_cast<size_t>(kWarps) * (nt / 8) * 4 * 32 * sizeof(int); /* partial */
             if (nt == 8) BN_TRY(launch(device, gemv_tokens_mma<1>, tiles, kMmaBlocksPerSm, bytes, a, s));
             else BN_TRY(launch(device, gemv_tokens_mma<2>, tiles, kMmaBlocksPerSm, bytes, a, s));
         }
