@@ -10,10 +10,12 @@
  *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The 8 partial
  *   tiles meet in shared memory, and 128 threads per 8 tokens finish one output each. The sums of
  *   x that turn codes into W_q are taken during a block's first tile, which is compiled apart.
+ * Both mask the codes in place where they can (dp4a and mma with unsigned weight bytes, partial
+ * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
- * cold (bench_gemv.py): 55296x5120 26.2 us = 2706 GB/s (87% of read BW), 5120x27648 14.2 us (80%),
- * 2560x2560 2.2 us; 8 tokens: 13824x2560 7.2 us (1.55x one token), 2560x2560 2.8 us. */
+ * cold (bench_gemv.py): 55296x5120 26.1 us = 2723 GB/s (87% of read BW), 5120x27648 13.8 us (82%),
+ * 2560x2560 2.05 us; 8 tokens: 13824x2560 7.4 us, 2560x2560 2.7 us. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -51,10 +53,6 @@ struct GemvArgs {
  * spreads the 8 consecutive chunks that a row's 8 lanes read over all banks. */
 __device__ __forceinline__ int x_offset(int c, int q) { return c * 64 + 16 * (q ^ ((c >> 1) & 3)); }
 
-__device__ __forceinline__ uint32_t codes(uint32_t word, int shift) {
-    return (word >> (2 * shift)) & 0x03030303u;
-}
-
 /* Copies x of the one token into the tile; returns the sum of the x bytes this thread copied. The
  * caller syncs before reading the tile. */
 __device__ int stage_x(const GemvArgs &a, int8_t *x_tile) {
@@ -65,6 +63,23 @@ __device__ int stage_x(const GemvArgs &a, int8_t *x_tile) {
         sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
     }
     return sum;
+}
+
+/* The codes of 4 consecutive weights, shift i of a packed word (docs/weight_format.md), masked in
+ * place: codes << 2 for odd i, which saves the shift of (word >> 2i) & 0x03030303. */
+__device__ __forceinline__ uint32_t masked_codes(uint32_t word, int i) {
+    return (i < 2 ? word : word >> 4) & (i % 2 ? 0x0C0C0C0Cu : 0x03030303u);
+}
+
+__device__ __forceinline__ int component(const int4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* c + sum of 4 products of the unsigned bytes of a and the signed bytes of b. */
+__device__ __forceinline__ int dp4a_u8_s8(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
 /* y[n, m] from the exact dot; the scales were loaded ahead (0 where the output is not stored). */
@@ -125,7 +140,9 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 
     for (; tile < tiles; tile += warp_stride) {
         const float next_w_scale = row_scale(tile + warp_stride);
-        int acc = 0;
+        /* acc[i]: the dot of the codes at shift i, masked in place (4^i times the codes), so that
+         * no shift is needed per word; they are exact multiples of 4^i. */
+        int acc[4] = {};
         for (int iteration = 0; iteration < iterations; iteration++) {
             uint4 next[kChunksPerLane];
             int next_tile = iteration + 1 < iterations ? tile : tile + warp_stride;
@@ -139,27 +156,28 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
                 for (int q = 0; q < 4; q++) {
                     int4 x = *reinterpret_cast<const int4 *>(x_tile + x_offset(chunk, q));
                     /* x word 4q+j holds k = 16q+4j..+3 of the chunk: packed word q, shift j */
-                    acc = __dp4a(static_cast<int>(codes(words[q], 0)), x.x, acc);
-                    acc = __dp4a(static_cast<int>(codes(words[q], 1)), x.y, acc);
-                    acc = __dp4a(static_cast<int>(codes(words[q], 2)), x.z, acc);
-                    acc = __dp4a(static_cast<int>(codes(words[q], 3)), x.w, acc);
+                    acc[0] = dp4a_u8_s8(words[q] & 0x03030303u, x.x, acc[0]);
+                    acc[1] = dp4a_u8_s8(words[q] & 0x0C0C0C0Cu, x.y, acc[1]);
+                    acc[2] = dp4a_u8_s8(words[q] & 0x30303030u, x.z, acc[2]);
+                    acc[3] = dp4a_u8_s8(words[q] & 0xC0C0C0C0u, x.w, acc[3]);
                 }
             }
 #pragma unroll
             for (int u = 0; u < kChunksPerLane; u++) w[u] = next[u];
         }
-#pragma unroll
-        for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) acc += __shfl_xor_sync(~0u, acc, offset);
+        int dot = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
+        for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
         int row = tile * kRowsPerWarp + lane / kLanesPerRow;
-        if (sub == 0 && row < a.M) store(a, 0, row, acc - x_sum, w_scale, x_scale);
+        if (sub == 0 && row < a.M) store(a, 0, row, dot - x_sum, w_scale, x_scale);
         w_scale = next_w_scale;
     }
 }
 
-__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, int b0, int b1) {
+/* d += A B, A 16x32 unsigned bytes, B 32x8 signed bytes. */
+__device__ __forceinline__ void mma_u8_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                          uint32_t a3, int b0, int b1) {
     BN_SM80_ASM(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -232,7 +250,7 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
     auto run_tile = [&](auto first) {
         constexpr bool kFirst = decltype(first)::value;
         const float next_w_scale = row_scale(tile + gridDim.x);
-        int d[NTILES][4] = {};
+        int d[NTILES][2][4] = {}; /* [j][i % 2]: from masked_codes(., i), 4 times too big for odd i */
         int x_sum[NTILES] = {}; /* lane (g, t): x of token g + 8j over its chunks, first tile only */
         for (int iteration = 0; iteration < iterations; iteration++) {
             uint4 next[kStepsPerLoad][2];
@@ -254,12 +272,14 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
                             x_sum[j] = __dp4a(x[q].x, 0x01010101, __dp4a(x[q].y, 0x01010101,
                                        __dp4a(x[q].z, 0x01010101, __dp4a(x[q].w, 0x01010101, x_sum[j]))));
                     }
-                    /* mma step q, half e: k = 16q + 4(2e) and 16q + 4(2e+1) of the lane's chunk */
+                    /* mma step (p, i): k = 16q + 4i of the lane's chunk for words q = 2p and 2p + 1 */
 #pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        mma_s8(d[j], codes(lo[q], 0), codes(hi[q], 0), codes(lo[q], 1), codes(hi[q], 1), x[q].x, x[q].y);
-                        mma_s8(d[j], codes(lo[q], 2), codes(hi[q], 2), codes(lo[q], 3), codes(hi[q], 3), x[q].z, x[q].w);
-                    }
+                    for (int p = 0; p < 2; p++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            mma_u8_s8(d[j][i % 2], masked_codes(lo[2 * p], i), masked_codes(hi[2 * p], i),
+                                      masked_codes(lo[2 * p + 1], i), masked_codes(hi[2 * p + 1], i),
+                                      component(x[2 * p], i), component(x[2 * p + 1], i));
                 }
             }
 #pragma unroll
@@ -281,7 +301,7 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
         for (int j = 0; j < NTILES; j++)
 #pragma unroll
             for (int r = 0; r < 4; r++)
-                partial[(warp * NTILES * 4 + j * 4 + r) * 32 + lane] = d[j][r] + x_neg[j][r];
+                partial[(warp * NTILES * 4 + j * 4 + r) * 32 + lane] = d[j][0][r] + (d[j][1][r] >> 2) + x_neg[j][r];
         __syncthreads();
         if (finisher) {
             int dot = 0;
