@@ -133,3 +133,34 @@ __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+
+/* One step of the online softmax for a lane's accumulator rows g and g + 8 (halves 0 and 1), given
+ * the rows' maxima over this lane's scores of a key tile: the running max m_run takes the tile's
+ * (over the quad), the running sum l_run is rescaled; `base` is the max the tile's scores are
+ * exponentiated against (0 for a row with nothing seen yet, whose zeros then stay zeros) and
+ * `rescale` the factor for the output accumulators. */
+__device__ __forceinline__ void online_softmax_step(const float (&tile_max)[2], float (&m_run)[2],
+                                                    float (&l_run)[2], float (&base)[2],
+                                                    float (&rescale)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        float m_new = fmaxf(m_run[half], quad_max(tile_max[half]));
+        base[half] = m_new == -INFINITY ? 0.0f : m_new;
+        rescale[half] = exp2f(m_run[half] - base[half]);
+        m_run[half] = m_new;
+        l_run[half] *= rescale[half];
+    }
+}
+
+/* P = exp2(s - base) of one 8-key accumulator tile, added to the running sums, as the two A-fragment
+ * registers of the P V product: rows g (lo) and g + 8 (hi). */
+template <typename T>
+__device__ __forceinline__ void softmax_probs(const float (&s)[4], const float (&base)[2],
+                                              float (&l_run)[2], uint32_t &lo, uint32_t &hi) {
+    float p0 = exp2f(s[0] - base[0]), p1 = exp2f(s[1] - base[0]);
+    float p2 = exp2f(s[2] - base[1]), p3 = exp2f(s[3] - base[1]);
+    l_run[0] += p0 + p1;
+    l_run[1] += p2 + p3;
+    lo = pack2<T>(p0, p1);
+    hi = pack2<T>(p2, p3);
+}

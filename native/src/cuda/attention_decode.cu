@@ -148,24 +148,10 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             }
         }
         float rescale[2], base[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            float m_new = fmaxf(m_run[half], quad_max(tile_max[half]));
-            base[half] = m_new == -INFINITY ? 0.0f : m_new; /* nothing seen yet: keep zeros */
-            rescale[half] = exp2f(m_run[half] - base[half]);
-            m_run[half] = m_new;
-            l_run[half] *= rescale[half];
-        }
+        online_softmax_step(tile_max, m_run, l_run, base, rescale);
         uint32_t pf[4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            float p0 = exp2f(s[nt][0] - base[0]), p1 = exp2f(s[nt][1] - base[0]);
-            float p2 = exp2f(s[nt][2] - base[1]), p3 = exp2f(s[nt][3] - base[1]);
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            pf[2 * nt] = pack2<T>(p0, p1);
-            pf[2 * nt + 1] = pack2<T>(p2, p3);
-        }
+        for (int nt = 0; nt < 2; nt++) softmax_probs<T>(s[nt], base, l_run, pf[2 * nt], pf[2 * nt + 1]);
 #pragma unroll
         for (int dp = 0; dp < kDimTiles / 2; dp++) {
             uint32_t vb[4];

@@ -128,14 +128,7 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
             }
         }
         float rescale[2], base[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            float m_new = fmaxf(m_run[half], quad_max(tile_max[half]));
-            base[half] = m_new == -INFINITY ? 0.0f : m_new;
-            rescale[half] = exp2f(m_run[half] - base[half]);
-            m_run[half] = m_new;
-            l_run[half] *= rescale[half];
-        }
+        online_softmax_step(tile_max, m_run, l_run, base, rescale);
 #pragma unroll
         for (int dt = 0; dt < kDimTiles; dt++) {
             o[dt][0] *= rescale[0];
@@ -146,14 +139,8 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
         /* P as A fragments: accumulator tiles 2kk and 2kk + 1 form the 16x16 A tile kk. */
         uint32_t pf[kKeyTiles / 2][4];
 #pragma unroll
-        for (int nt = 0; nt < kKeyTiles; nt++) {
-            float p0 = exp2f(s[nt][0] - base[0]), p1 = exp2f(s[nt][1] - base[0]);
-            float p2 = exp2f(s[nt][2] - base[1]), p3 = exp2f(s[nt][3] - base[1]);
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            pf[nt / 2][(nt % 2) * 2] = pack2<T>(p0, p1);
-            pf[nt / 2][(nt % 2) * 2 + 1] = pack2<T>(p2, p3);
-        }
+        for (int nt = 0; nt < kKeyTiles; nt++)
+            softmax_probs<T>(s[nt], base, l_run, pf[nt / 2][(nt % 2) * 2], pf[nt / 2][(nt % 2) * 2 + 1]);
 #pragma unroll
         for (int kk = 0; kk < kKeyTiles / 2; kk++) {
 #pragma unroll
