@@ -3,6 +3,8 @@
  * each thread scans a strided share of its block's slice (16-byte loads where the row allows), then
  * warps, the block and the cluster reduce (value, index) pairs. numpy's rules: the first maximum
  * wins, and a NaN beats every number. Launched with programmatic dependent launch. Bytes: N*M*4. */
+#include <atomic>
+
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -105,6 +107,32 @@ __global__ void __launch_bounds__(THREADS) argmax_kernel(const float *x, int64_t
 #endif
 }
 
+/* The largest cluster of argmax blocks (at most MAX_SLICES, a power of two) that `device` can place,
+ * found once per device: a GPU or MIG partition with few SMs per GPC may not fit 8 blocks of 1024
+ * threads, and a cluster that cannot be placed fails to launch. Sizes that fit are monotonic. */
+bitnet_status placeable_slices(int32_t device, int *slices) {
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> cache[kCachedDevices] = {}; /* 0: not yet known */
+    if (device < kCachedDevices && (*slices = cache[device].load(std::memory_order_relaxed)) > 0)
+        return BITNET_OK;
+    int fit = MAX_SLICES;
+    for (; fit > 1; fit /= 2) {
+        cudaLaunchAttribute cluster = {};
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim = {(unsigned)fit, 1, 1};
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3((unsigned)fit);
+        config.blockDim = dim3(THREADS);
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        int clusters = 0;
+        BN_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, argmax_kernel, &config));
+        if (clusters > 0) break;
+    }
+    if (device < kCachedDevices) cache[device].store(fit, std::memory_order_relaxed);
+    *slices = fit;
+    return BITNET_OK;
+}
 }  // namespace
 
 bitnet_status bn_cuda_argmax(int32_t device, const float *x, int64_t N, int64_t M, int32_t *index,
@@ -115,6 +143,11 @@ bitnet_status bn_cuda_argmax(int32_t device, const float *x, int64_t N, int64_t 
     BN_CUDA_TRY(bn_current_cc_major(&major));
     int64_t slices = major >= 9 ? M / MIN_SLICE : 1;
     slices = slices < 1 ? 1 : slices > MAX_SLICES ? MAX_SLICES : slices;
+    if (slices > 1) {
+        int placeable = 1;
+        BN_TRY(placeable_slices(device, &placeable));
+        slices = slices > placeable ? placeable : slices;
+    }
     BN_CHECK(N <= INT32_MAX / slices, "argmax: N = %lld rows is more than one launch takes", (long long)N);
     if (slices == 1)
         BN_CUDA_TRY(bn_launch_pdl(argmax_kernel, dim3((unsigned)N), dim3(THREADS), 0, bn_stream(stream),
