@@ -88,15 +88,6 @@ gemv_bf16_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int 
     }
 }
 
-/* bfloat16 mma.m16n8k16 with float32 accumulation, D += A B. */
-__device__ inline void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                uint32_t b0, uint32_t b1) {
-    BN_SM80_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* 2..8 bfloat16 tokens on tensor cores (sm_80+, K % 32 == 0): a warp owns 16 rows. Lane (g, t) =
  * (lane / 4, lane % 4) loads 16 bytes of rows g and g+8 at k = 32c + 8t, and the same 8 k of token
  * g's x; they feed two mma steps, lane t's 8 k standing for the mma's k 2t, 2t+1, 2t+8, 2t+9 of each
@@ -130,8 +121,8 @@ gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bf
         for (int u = 0; u < UNROLL; u++) {
             if (c0 + u >= chunks) break;
             uint4 b = g < tokens ? __ldg(x_g + 4 * (c0 + u)) : make_uint4(0, 0, 0, 0);
-            mma_bf16(d, lo[u].x, hi[u].x, lo[u].y, hi[u].y, b.x, b.y);
-            mma_bf16(d, lo[u].z, hi[u].z, lo[u].w, hi[u].w, b.z, b.w);
+            mma<__nv_bfloat16>(d, {lo[u].x, hi[u].x, lo[u].y, hi[u].y}, b.x, b.y);
+            mma<__nv_bfloat16>(d, {lo[u].z, hi[u].z, lo[u].w, hi[u].w}, b.z, b.w);
         }
     }
 #pragma unroll
