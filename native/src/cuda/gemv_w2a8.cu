@@ -53,6 +53,11 @@ struct GemvArgs {
  * spreads the 8 consecutive chunks that a row's 8 lanes read over all banks. */
 __device__ __forceinline__ int x_offset(int c, int q) { return c * 64 + 16 * (q ^ ((c >> 1) & 3)); }
 
+/* sum + the 16 signed bytes of v. */
+__device__ __forceinline__ int add_bytes(const int4 &v, int sum) {
+    return __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
+}
+
 /* Copies x of the one token into the tile; returns the sum of the x bytes this thread copied. The
  * caller syncs before reading the tile. */
 __device__ int stage_x(const GemvArgs &a, int8_t *x_tile) {
@@ -60,7 +65,7 @@ __device__ int stage_x(const GemvArgs &a, int8_t *x_tile) {
     for (int piece = threadIdx.x; piece < a.K / 16; piece += kThreads) {
         const int4 v = reinterpret_cast<const int4 *>(a.x_q)[piece];
         *reinterpret_cast<int4 *>(x_tile + x_offset(piece / 4, piece % 4)) = v;
-        sum = __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
+        sum = add_bytes(v, sum);
     }
     return sum;
 }
@@ -268,9 +273,7 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
                     load_x_fragment(x, a, g + 8 * j, 4 * quad + t);
                     if (kFirst) {
 #pragma unroll
-                        for (int q = 0; q < 4; q++)
-                            x_sum[j] = __dp4a(x[q].x, 0x01010101, __dp4a(x[q].y, 0x01010101,
-                                       __dp4a(x[q].z, 0x01010101, __dp4a(x[q].w, 0x01010101, x_sum[j]))));
+                        for (int q = 0; q < 4; q++) x_sum[j] = add_bytes(x[q], x_sum[j]);
                     }
                     /* mma step (p, i): k = 16q + 4i of the lane's chunk for words q = 2p and 2p + 1 */
 #pragma unroll
