@@ -99,9 +99,7 @@ __global__ void __launch_bounds__(THREADS) argmax_kernel(const float *x, int64_t
     }
     cluster.sync();
     if (slice == 0 && threadIdx.x == 0) {
-        for (int s = 1; s < slices; s++) {
-            if (better(slice_value[s], slice_index[s], value, index)) value = slice_value[s], index = slice_index[s];
-        }
+        for (int s = 1; s < slices; s++) consider(slice_value[s], slice_index[s], value, index);
         out[row_index] = index;
     }
 #endif
@@ -149,12 +147,7 @@ bitnet_status bn_cuda_argmax(int32_t device, const float *x, int64_t N, int64_t 
         slices = slices > placeable ? placeable : slices;
     }
     BN_CHECK(N <= INT32_MAX / slices, "argmax: N = %lld rows is more than one launch takes", (long long)N);
-    if (slices == 1)
-        BN_CUDA_TRY(bn_launch_pdl(argmax_kernel, dim3((unsigned)N), dim3(THREADS), 0, bn_stream(stream),
-                                  x, M, 1, index));
-    else
-        BN_CUDA_TRY(bn_launch_pdl_cluster(argmax_kernel, dim3((unsigned)(N * slices)), dim3(THREADS),
-                                          0, (unsigned)slices, bn_stream(stream), x, M, (int)slices,
-                                          index));
+    BN_CUDA_TRY(bn_launch_pdl_cluster(argmax_kernel, dim3((unsigned)(N * slices)), dim3(THREADS), 0,
+                                      (unsigned)slices, bn_stream(stream), x, M, (int)slices, index));
     return BITNET_OK;
 }
