@@ -219,7 +219,9 @@ GPU_DECODE_CASES = [  # (B, Sq, Hq, Hkv, D, C)
     (1, 1, 20, 5, 128, 1), (1, 1, 20, 5, 128, 17), (2, 1, 8, 8, 64, 1000), (1, 1, 32, 8, 128, 4096),
     (3, 1, 8, 1, 128, 4096), (1, 1, 20, 5, 128, 40000), (2, 4, 20, 5, 128, 1000),
     (2, 16, 8, 1, 64, 333), (1, 2, 32, 8, 64, 4096), (2, 5, 20, 5, 128, 300),
-    (1, 8, 32, 4, 64, 2000)]
+    (1, 8, 32, 4, 64, 2000), (1, 1, 8, 1, 64, 70000),  # the last: splits too long for a cluster
+    # more (sequence, KV head) groups than half the SMs: split-KV with the merge kernel, not clusters
+    (12, 1, 48, 8, 128, 2000)]
 
 
 @pytest.mark.gpu
@@ -284,10 +286,11 @@ def test_gpu_bf16_matches_cpu(rng):
 
 
 @pytest.mark.gpu
-def test_gpu_device_seq_lens_out_of_range_give_nan_for_that_sequence_only(rng):
+@pytest.mark.parametrize("Hq,Hkv", [(8, 2), (192, 24)])  # cluster merge; merge kernel (96 groups)
+def test_gpu_device_seq_lens_out_of_range_give_nan_for_that_sequence_only(rng, Hq, Hkv):
     import torch
     for Sq in (1, 100):
-        q, k, v = torch_inputs(rng, "bfloat16", 4, Sq, 8, 2, 128, 300)
+        q, k, v = torch_inputs(rng, "bfloat16", 4, Sq, Hq, Hkv, 128, 300)
         lens = torch.tensor([300, 301, Sq - 1 if Sq > 1 else -5, 150], dtype=torch.int32,
                             device="cuda")
         out = bitnet_ffi.attention(q, k, v, seq_lens=lens)

@@ -115,16 +115,8 @@ bitnet_status placeable_slices(int32_t device, int *slices) {
         return BITNET_OK;
     int fit = MAX_SLICES;
     for (; fit > 1; fit /= 2) {
-        cudaLaunchAttribute cluster = {};
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim = {(unsigned)fit, 1, 1};
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3((unsigned)fit);
-        config.blockDim = dim3(THREADS);
-        config.attrs = &cluster;
-        config.numAttrs = 1;
         int clusters = 0;
-        BN_CUDA_TRY(cudaOccupancyMaxActiveClusters(&clusters, argmax_kernel, &config));
+        BN_CUDA_TRY(bn_max_active_clusters(argmax_kernel, (unsigned)fit, dim3(THREADS), 0, &clusters));
         if (clusters > 0) break;
     }
     if (device < kCachedDevices) cache[device].store(fit, std::memory_order_relaxed);

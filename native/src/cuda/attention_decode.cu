@@ -2,31 +2,63 @@
  * online softmax. Layout q/out [B, Sq, Hq, D], k/v [B, C, Hkv, D] (bf16/f16, D = 64 or 128).
  * Grid (split, KV head x block of 16 query rows, sequence): the rows are one KV head's query heads x
  * new tokens, so each K/V byte is read once per 16 rows. A block of 4 warps streams its share of
- * the keys through shared memory (cp.async, double-buffered 64-key tiles); each warp does q.k and
- * p.v for 16 keys of a tile with mma.sync m16n8k16. With several splits, partials go to the
- * workspace and a merge kernel combines them. Both use programmatic dependent launch. Bytes moved: the K
- * and V rows up to seq_len. H100, bf16, 20/5 heads, d = 128, L2 cold, with the merge: B = 8,
- * L = 32768 at 2907 GB/s (94% of the 3081 GB/s read bandwidth); B = 1: 37.1 us at 32768 (73%),
- * 11.6 us at 4096, 6.7 us at 1024 (docs/attention.md). */
+ * the keys through shared memory (cp.async, 64-key tiles); each warp does q.k and p.v for 16 keys
+ * of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
+ * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
+ *   block per SM with 4 tiles in flight, and merge through distributed shared memory in the same
+ *   kernel: no workspace, no second kernel;
+ * - split path: about 3 blocks per SM, 2 tiles in flight, partials in the workspace and a merge
+ *   kernel.
+ * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
+ * first tiles into L2. Bytes moved: the K and V rows up to seq_len. H100, bf16, 20/5 heads, d = 128,
+ * L2 cold: B = 1 at 5.4 us (L = 1024), 8.2 us (4096), 81% of read bandwidth (32768); B = 8,
+ * L = 32768 at 93% (docs/attention.md). */
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <atomic>
+#include <type_traits>
 
 #include "attention_common.cuh"
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kRows = BN_ATTENTION_DECODE_BLOCK_ROWS; /* query rows per block: one m16 tile */
 constexpr int kTileKeys = BN_ATTENTION_DECODE_TILE_KEYS;
 constexpr int kWarps = 4, kThreads = kWarps * 32;
 constexpr int kWarpKeys = kTileKeys / kWarps; /* each warp takes 16 keys of every tile */
+/* The splits of one (sequence, KV head, row block) in a thread-block cluster merge in distributed
+ * shared memory (sm_90): at most this many, the largest cluster size CUDA allows (non-portable). */
+constexpr int kMaxClusterSplits = 16;
+/* The cluster path is taken with at least this many splits per group, each of at most this many
+ * tiles; otherwise the split path did as well or better on an H100 (batch 8: 3 splits per group;
+ * L = 131072: 128 tiles per split, where streaming on every SM wins and the merge is cheap). */
+constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
 
-/* Shared memory of one block: double-buffered K and V tiles and the q rows, 16-byte chunks
- * XOR-swizzled for ldmatrix. After the key loop the tiles hold the warps' partial results. */
+/* Tiles in flight per block: 2 where several blocks share an SM (splits merged by merge_kernel), 4
+ * for the cluster path's one block per SM, which alone keeps 128 KB (D = 128) of loads in flight. */
+template <bool CLUSTER> constexpr int kStages = CLUSTER ? 4 : 2;
+
+/* Cluster path: a block's merged rows (unnormalized), with each row's max and sum, which the
+ * cluster's blocks read from one another's shared memory. */
 template <int D>
+struct ClusterPartial {
+    float o[kRows][D];
+    float ml[kRows][2];
+};
+struct NoPartial {};
+
+/* Shared memory of one block: the K and V tile stages and the q rows, 16-byte chunks XOR-swizzled
+ * for ldmatrix. After the key loop the tiles hold the warps' partial results. */
+template <int D, bool CLUSTER>
 struct DecodeShared {
-    uint4 k[2][kTileKeys][D / 8];
-    uint4 v[2][kTileKeys][D / 8];
+    uint4 k[kStages<CLUSTER>][kTileKeys][D / 8];
+    uint4 v[kStages<CLUSTER>][kTileKeys][D / 8];
     uint4 q[kRows][D / 8];
+    std::conditional_t<CLUSTER, ClusterPartial<D>, NoPartial> partial;
 };
 template <int D>
 struct DecodeCombine { /* overlays DecodeShared::k and ::v */
@@ -51,23 +83,93 @@ __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[
     }
 }
 
+/* Hints that keys [key_begin, key_end) of a head will be read soon: L2 prefetches (sm_90, where
+ * programmatic dependent launch lets them run before the previous kernel ends). L2 is where the
+ * previous kernel's writes land, so a prefetch issued before waiting for it cannot make a later
+ * load stale. (cp.async.bulk.prefetch of whole rows was measured slower.) */
+template <typename T, int D>
+__device__ __forceinline__ void prefetch_keys_l2(const T *k, const T *v, int64_t stride, int key_begin,
+                                                 int key_end) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (int key = key_begin + threadIdx.x; key < key_end; key += kThreads) {
+#pragma unroll
+        for (int dim = 0; dim < D; dim += 128 / sizeof(T)) { /* one 128-byte L2 line at a time */
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(k + key * stride + dim));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(v + key * stride + dim));
+        }
+    }
+#endif
+}
+
+/* The cluster's splits (block ranks 0..splits-1) merged from their shared memory once every block
+ * has its ClusterPartial in place: block `rank` finishes outputs rank * kThreads + i, i += splits *
+ * kThreads, as out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). The cluster syncs
+ * before (the partials are in place) and after (no block exits while another reads it). */
+template <typename T, int D, typename OutRow>
+__device__ void cluster_merge(const ClusterPartial<D> &partial, int rank, int splits, int rows,
+                              OutRow out_row, T *__restrict__ out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    for (int i = rank * kThreads + threadIdx.x; i < rows * D; i += splits * kThreads) {
+        const int r = i / D, d = i % D;
+        float m[kMaxClusterSplits], l[kMaxClusterSplits], o[kMaxClusterSplits];
+        float m_max = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; s++) { /* all the remote loads in flight at once */
+            m[s] = -INFINITY, l[s] = 0.0f, o[s] = 0.0f;
+            if (s < splits) {
+                const ClusterPartial<D> *remote = cluster.map_shared_rank(&partial, s);
+                m[s] = remote->ml[r][0], l[s] = remote->ml[r][1], o[s] = remote->o[r][d];
+            }
+            m_max = fmaxf(m_max, m[s]);
+        }
+        const float base = m_max == -INFINITY ? 0.0f : m_max;
+        float l_tot = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kMaxClusterSplits; s++) {
+            const float weight = exp2f(m[s] - base);
+            l_tot += weight * l[s];
+            acc += weight * o[s];
+        }
+        out[out_row(r) * D + d] = from_float<T>(acc / l_tot);
+    }
+    cluster.sync();
+#endif
+}
+
 /* Block (split, KV head + row block, sequence). Row r of the block is query row row0 + r of its KV
  * head: token (row0 + r) / G, head kvh * G + (row0 + r) % G. Warp w computes, for every 64-key
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
  * max and sum; the 4 warps are combined at the end. Fragment coordinates as in PTX m16n8k16: lane
  * 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide n tile. */
-template <typename T, int D>
+template <typename T, int D, bool CLUSTER>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
               const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
               float scale_log2, int num_splits, T *__restrict__ out,
               float *__restrict__ partial_out, float *__restrict__ partial_ml) {
-    constexpr int kChunks = D / 8, kDimTiles = D / 8;
+    constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = kStages<CLUSTER>;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    auto &sm = *reinterpret_cast<DecodeShared<D> *>(smem_bytes);
+    auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
-    bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int split = blockIdx.x, kvh = blockIdx.y % Hkv, b = blockIdx.z;
+    const int64_t stride = (int64_t)Hkv * D;
+    const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
+    const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
+    /* This block's keys: a contiguous share of the 64-key tiles below L. */
+    int tile_begin, tile_end;
+    auto split_tiles = [&](int keys) {
+        const int tiles = (keys + kTileKeys - 1) / kTileKeys;
+        const int tiles_per_split = (tiles + num_splits - 1) / num_splits;
+        tile_begin = split * tiles_per_split;
+        tile_end = min(tiles, tile_begin + tiles_per_split);
+    };
+    /* Until the wait, L is unknown: the prefetched tiles are the first ones of L = C. */
+    split_tiles(C);
+    prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
+                           min(C, min(tile_end, tile_begin + kStageCount) * kTileKeys));
+    bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
     const int rows = min(kRows, Sq * group - row0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -77,28 +179,24 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         return ((int64_t)b * Sq + row / group) * Hq + kvh * group + row % group;
     };
     if (!valid_seq_len(L, C, Sq, causal)) {
-        if (num_splits == 1)
+        if (num_splits == 1 || (CLUSTER && split == 0))
             for (int i = threadIdx.x; i < rows * D; i += kThreads)
                 out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
-        return; /* with splits, the merge kernel writes the NaNs */
+        return; /* the whole cluster returns here; with a merge kernel, it writes the NaNs */
     }
+    split_tiles(L);
 
-    const int tiles = (L + kTileKeys - 1) / kTileKeys;
-    const int tiles_per_split = (tiles + num_splits - 1) / num_splits;
-    const int tile_begin = split * tiles_per_split;
-    const int tile_end = min(tiles, tile_begin + tiles_per_split);
-    const int64_t stride = (int64_t)Hkv * D;
-    const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
-    const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
-
-    if (tile_begin < tile_end)
-        load_tile<T, D>(sm.k[0], sm.v[0], k_head, v_head, stride, tile_begin * kTileKeys, L);
-    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-        int r = i / kChunks, chunk = i % kChunks;
-        cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
-                    r < rows);
+    /* One cp.async group per tile; the first also brings q. */
+    for (int i = 0; i < kStageCount - 1; i++) {
+        if (tile_begin + i < tile_end)
+            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, (tile_begin + i) * kTileKeys, L);
+        for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
+            int r = j / kChunks, chunk = j % kChunks;
+            cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
+                        r < rows);
+        }
+        cp_async_commit();
     }
-    cp_async_commit();
 
     /* This lane's rows g and g + 8 see keys up to last_key[.] (rows past `rows` are padding). */
     int last_key[2];
@@ -110,12 +208,15 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     float o[kDimTiles][4] = {};
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     for (int tile = tile_begin; tile < tile_end; tile++) {
-        const int stage = (tile - tile_begin) % 2;
-        if (tile + 1 < tile_end)
-            load_tile<T, D>(sm.k[stage ^ 1], sm.v[stage ^ 1], k_head, v_head, stride,
-                            (tile + 1) * kTileKeys, L);
+        const int stage = (tile - tile_begin) % kStageCount;
+        const int ahead = tile + kStageCount - 1; /* into the stage that the last iteration freed */
+        if (ahead < tile_end) {
+            const int ahead_stage = (ahead - tile_begin) % kStageCount;
+            load_tile<T, D>(sm.k[ahead_stage], sm.v[ahead_stage], k_head, v_head, stride,
+                            ahead * kTileKeys, L);
+        }
         cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<kStageCount - 1>();
         __syncthreads();
         if (tile == tile_begin) {
 #pragma unroll
@@ -205,6 +306,9 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         const int64_t row = out_row(r);
         if (num_splits == 1) {
             out[row * D + d] = from_float<T>(acc / l_tot);
+        } else if constexpr (CLUSTER) {
+            sm.partial.o[r][d] = acc;
+            if (d == 0) sm.partial.ml[r][0] = m_tot, sm.partial.ml[r][1] = l_tot;
         } else {
             const int64_t slot = row * num_splits + split;
             partial_out[slot * D + d] = acc;
@@ -214,6 +318,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             }
         }
     }
+    if constexpr (CLUSTER) cluster_merge(sm.partial, split, num_splits, rows, out_row, out);
 }
 
 /* One block per output row: w_s = 2^(m_s - max m), out = sum_s w_s acc_s / sum_s w_s l_s. Each warp
@@ -287,27 +392,83 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
     }
 }
 
+/* Splits per (sequence, KV head, row block) on the cluster path, or 0 where it does not apply. It
+ * needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits splits per group of at
+ * most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters at once
+ * (cudaOccupancyMaxActiveClusters, cached per device and size). */
 template <typename T, int D>
-bitnet_status launch_decode(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, const void *q,
-                            const void *k, const void *v, int64_t C, const int32_t *seq_lens,
-                            int32_t causal, float scale, void *out, void *workspace,
-                            int64_t num_splits, cudaStream_t stream) {
+bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits) {
+    constexpr int kCachedDevices = 64;
+    static std::atomic<int> cached[kCachedDevices][kMaxClusterSplits + 1] = {}; /* clusters + 1 */
+    *splits = 0;
+    int major = 0, sms = 0;
+    BN_CUDA_TRY(bn_current_cc_major(&major));
+    if (major < 9) return BITNET_OK;
+    BN_TRY(bn_cuda_sm_count(device, &sms));
+    const int64_t tiles = (C + kTileKeys - 1) / kTileKeys;
+    int64_t want = sms / groups;
+    want = want < tiles ? want : tiles;
+    want = want < kMaxClusterSplits ? want : kMaxClusterSplits;
+    auto kernel = decode_kernel<T, D, true>;
+    for (int size = (int)want; size >= kMinClusterSplits; size--) {
+        if ((tiles + size - 1) / size > kMaxClusterTilesPerSplit) break;
+        int fit = device < kCachedDevices ? cached[device][size].load(std::memory_order_relaxed) - 1 : -1;
+        if (fit < 0) {
+            BN_CUDA_TRY(bn_max_active_clusters(kernel, (unsigned)size, dim3(kThreads),
+                                               sizeof(DecodeShared<D, true>), &fit));
+            if (device < kCachedDevices) cached[device][size].store(fit + 1, std::memory_order_relaxed);
+        }
+        if (fit >= groups) {
+            *splits = size;
+            break;
+        }
+    }
+    return BITNET_OK;
+}
+
+template <typename T, int D>
+bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                            const void *q, const void *k, const void *v, int64_t C,
+                            const int32_t *seq_lens, int32_t causal, float scale, void *out,
+                            void *workspace, int64_t num_splits, cudaStream_t stream) {
     const int64_t row_blocks = (Sq * (Hq / Hkv) + kRows - 1) / kRows;
     if (Hkv * row_blocks > 65535 || B > 65535 || B * Sq * Hq > INT32_MAX)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Hkv = %lld too large "
                        "for the decode grid", (long long)B, (long long)Hkv);
-    const size_t smem = sizeof(DecodeShared<D>);
-    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D>), "combine overlay too big");
-    auto kernel = decode_kernel<T, D>;
+    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false>), "combine overlay too big");
+    const float scale_log2 = scale * 1.4426950408889634f;
+    dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
+
+    /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
+    auto cluster_kernel = decode_kernel<T, D, true>;
+    const size_t cluster_smem = sizeof(DecodeShared<D, true>);
+    BN_CUDA_TRY(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)cluster_smem));
+    BN_CUDA_TRY(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int splits = 0;
+    BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits)));
+    if (splits > 0) {
+        grid.x = (unsigned)splits;
+        BN_CUDA_TRY(bn_launch_pdl_cluster(cluster_kernel, grid, dim3(kThreads), cluster_smem,
+                                          (unsigned)splits, stream, static_cast<const T *>(q),
+                                          static_cast<const T *>(k), static_cast<const T *>(v),
+                                          seq_lens, (int)C, (int)Sq, (int)Hq, (int)Hkv, causal,
+                                          scale_log2, splits, static_cast<T *>(out),
+                                          (float *)nullptr, (float *)nullptr));
+        return BITNET_OK;
+    }
+
+    auto kernel = decode_kernel<T, D, false>;
+    const size_t smem = sizeof(DecodeShared<D, false>);
     BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = B * Sq * Hq;
     float *partial_out = static_cast<float *>(workspace);
     float *partial_ml = partial_out ? partial_out + rows * num_splits * D : nullptr;
-    dim3 grid((unsigned)num_splits, (unsigned)(Hkv * row_blocks), (unsigned)B);
+    grid.x = (unsigned)num_splits;
     BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, static_cast<const T *>(q),
                               static_cast<const T *>(k), static_cast<const T *>(v), seq_lens, (int)C,
-                              (int)Sq, (int)Hq, (int)Hkv, causal, scale * 1.4426950408889634f,
-                              (int)num_splits, static_cast<T *>(out), partial_out, partial_ml));
+                              (int)Sq, (int)Hq, (int)Hkv, causal, scale_log2, (int)num_splits,
+                              static_cast<T *>(out), partial_out, partial_ml));
     if (num_splits > 1) {
         /* The merge grid is set up while the decode grid drains. */
         BN_CUDA_TRY(bn_launch_pdl(merge_kernel<T, D>, dim3((unsigned)rows), dim3(kMergeWarps * 32),
@@ -338,5 +499,6 @@ bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_
     bool bf16 = dtype == BITNET_DTYPE_BF16;
     auto launch = D == 64 ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
                           : (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>);
-    return launch(B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, workspace, num_splits, s);
+    return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, workspace,
+                  num_splits, s);
 }

@@ -106,6 +106,24 @@ cudaError_t bn_launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 blo
     return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
+/* How many clusters of `cluster` blocks of `kernel` (block threads, shared_bytes each) the current
+ * device runs at once (0: it cannot place one). Over 8 blocks needs the kernel's
+ * cudaFuncAttributeNonPortableClusterSizeAllowed. */
+template <typename... Params>
+cudaError_t bn_max_active_clusters(void (*kernel)(Params...), unsigned cluster, dim3 block,
+                                   size_t shared_bytes, int *clusters) {
+    cudaLaunchAttribute attribute = {};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim = {cluster, 1, 1};
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(cluster);
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+}
+
 template <typename... Params, typename... Args>
 cudaError_t bn_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                           cudaStream_t stream, Args... args) {
