@@ -10,7 +10,7 @@
  * - split path: about 3 blocks per SM, 2 tiles in flight, partials in the workspace and a merge
  *   kernel.
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
- * first tiles into L2. Bytes moved: the K and V rows up to seq_len. H100, bf16, 20/5 heads, d = 128,
+ * first tiles into L2 when there are no seq_lens (L = C). Bytes moved: the K and V rows up to seq_len. H100, bf16, 20/5 heads, d = 128,
  * L2 cold: B = 1 at 5.4 us (L = 1024), 8.2 us (4096), 81% of read bandwidth (32768); B = 8,
  * L = 32768 at 93% (docs/attention.md). */
 #include <cooperative_groups.h>
@@ -165,10 +165,14 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         tile_begin = split * tiles_per_split;
         tile_end = min(tiles, tile_begin + tiles_per_split);
     };
-    /* Until the wait, L is unknown: the prefetched tiles are the first ones of L = C. */
-    split_tiles(C);
-    prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
-                           min(C, min(tile_end, tile_begin + kStageCount) * kTileKeys));
+    /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
+     * (With seq_lens, L may come from the previous kernel; guessing L = C prefetched tiles past L
+     * and made the batch-8 demo's attention twice as slow.) */
+    if (seq_lens == nullptr) {
+        split_tiles(C);
+        prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
+                               min(C, min(tile_end, tile_begin + kStageCount) * kTileKeys));
+    }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
     const int rows = min(kRows, Sq * group - row0);
