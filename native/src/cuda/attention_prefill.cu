@@ -1,16 +1,20 @@
 /* Prefill attention on tensor cores (FlashAttention-2 style): out = softmax(q.k^T * scale + causal
  * mask) v, scores never leave registers. Layout q/out [B, Sq, Hq, D], k/v [B, C, Hkv, D] (bf16/f16,
  * D = 64 or 128). Grid (query head, query tile of 128 rows, sequence), heaviest causal tiles first;
- * 8 warps, each owns 16 query rows: S = Q K^T and O += P V with mma.sync m16n8k16 (f32 accumulate)
- * over 64-key tiles triple-buffered in shared memory (cp.async, XOR-swizzled for ldmatrix), online
+ * 4 warps, each owns 32 query rows (two m16 tiles, so each K/V fragment from shared memory feeds
+ * two mma): S = Q K^T and O += P V with mma.sync m16n8k16 (f32 accumulate) over 64-key tiles
+ * double-buffered in shared memory (cp.async, XOR-swizzled for ldmatrix), 2 blocks per SM; online
  * softmax in f32, P rounded to the input dtype for the P V product. FLOPs (causal): 2 L^2 D H.
- * H100, bf16, 20/5 heads, d = 128: 202 TFLOP/s at L = 4096, 223 at 16384 (docs/attention.md). */
+ * H100, bf16, 20/5 heads, d = 128: 258 TFLOP/s at L = 4096, 291 at 16384 (docs/attention.md). */
 #include "attention_common.cuh"
 
 namespace {
 
-constexpr int kBlockM = 128, kBlockN = 64, kThreads = kBlockM * 2; /* 8 warps of 16 query rows */
-constexpr int kStages = 3; /* K/V tiles in flight: two load while one is used */
+/* 4 warps of 32 query rows (two m16 tiles, so that every K and V fragment read from shared memory
+ * feeds two mma), 64-key tiles double-buffered: 96 KB of shared memory and 2 blocks per SM. */
+constexpr int kWarps = 4, kRowTiles = 2, kBlockM = kWarps * 16 * kRowTiles, kBlockN = 64;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 2; /* K/V tiles in flight: one loads while one is used */
 
 template <int D>
 struct PrefillShared {
@@ -35,9 +39,9 @@ __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int
 }
 
 /* Fragment coordinates (PTX m16n8k16): lane = 4 * g + t holds accumulator rows g and g + 8, columns
- * 2t and 2t + 1 of each 8-wide n tile. */
+ * 2t and 2t + 1 of each 8-wide n tile. Warp w owns query rows 32w + 16mi + (g, g + 8), mi < 2. */
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
 prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
                float scale_log2, T *__restrict__ out) {
@@ -75,10 +79,12 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
         cp_async_commit();
     }
 
-    uint32_t qf[D / 16][4];
-    float o[kDimTiles][4] = {};
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    const int row_lo = m0 + warp * 16 + g; /* this lane's query rows: row_lo and row_lo + 8 */
+    float o[kRowTiles][kDimTiles][4] = {};
+    float m_run[kRowTiles][2], l_run[kRowTiles][2];
+#pragma unroll
+    for (int mi = 0; mi < kRowTiles; mi++)
+        m_run[mi][0] = m_run[mi][1] = -INFINITY, l_run[mi][0] = l_run[mi][1] = 0.0f;
+    const int warp_row0 = warp * 16 * kRowTiles; /* within the block */
 
     for (int j = 0; j < key_tiles; j++) {
         const int stage = j % kStages, ahead = j + kStages - 1;
@@ -89,58 +95,66 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
         cp_async_commit();
         cp_async_wait<kStages - 1>();
         __syncthreads();
-        if (j == 0) {
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++) {
-                int row = warp * 16 + lane % 8 + 8 * (lane / 8 % 2);
-                ldmatrix_x4(qf[kc], &sm.q[row][swizzle(row, 2 * kc + lane / 16)]);
-            }
-        }
 
-        float s[kKeyTiles][4] = {};
+        /* S = Q K^T; q fragments come from shared memory (registers go to the two row tiles). */
+        float s[kRowTiles][kKeyTiles][4] = {};
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
+            uint32_t qf[kRowTiles][4];
+#pragma unroll
+            for (int mi = 0; mi < kRowTiles; mi++) {
+                int row = warp_row0 + 16 * mi + lane % 8 + 8 * (lane / 8 % 2);
+                ldmatrix_x4(qf[mi], &sm.q[row][swizzle(row, 2 * kc + lane / 16)]);
+            }
 #pragma unroll
             for (int np = 0; np < kKeyTiles / 2; np++) {
                 uint32_t kb[4];
                 int row = np * 16 + lane % 8 + 8 * (lane / 16);
                 ldmatrix_x4(kb, &sm.k[stage][row][swizzle(row, 2 * kc + lane / 8 % 2)]);
-                mma<T>(s[2 * np], qf[kc], kb[0], kb[1]);
-                mma<T>(s[2 * np + 1], qf[kc], kb[2], kb[3]);
+#pragma unroll
+                for (int mi = 0; mi < kRowTiles; mi++) {
+                    mma<T>(s[mi][2 * np], qf[mi], kb[0], kb[1]);
+                    mma<T>(s[mi][2 * np + 1], qf[mi], kb[2], kb[3]);
+                }
             }
         }
 
         const int key0 = j * kBlockN;
         /* Masking is needed only where the tile reaches past L or past the first row's diagonal. */
         const bool masked = key0 + kBlockN > L || (causal && key0 + kBlockN - 1 > offset + m0);
-        float tile_max[2] = {-INFINITY, -INFINITY};
+        uint32_t pf[kRowTiles][kKeyTiles / 2][4];
 #pragma unroll
-        for (int nt = 0; nt < kKeyTiles; nt++) {
+        for (int mi = 0; mi < kRowTiles; mi++) {
+            const int row_lo = m0 + warp_row0 + 16 * mi + g; /* this lane's rows: row_lo, row_lo + 8 */
+            float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[nt][e] * scale_log2;
-                if (masked) {
-                    int key = key0 + nt * 8 + 2 * t + e % 2, row = row_lo + 8 * (e / 2);
-                    if (key >= L || (causal && key > offset + row)) x = -INFINITY;
+            for (int nt = 0; nt < kKeyTiles; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[mi][nt][e] * scale_log2;
+                    if (masked) {
+                        int key = key0 + nt * 8 + 2 * t + e % 2, row = row_lo + 8 * (e / 2);
+                        if (key >= L || (causal && key > offset + row)) x = -INFINITY;
+                    }
+                    s[mi][nt][e] = x;
+                    tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
                 }
-                s[nt][e] = x;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
             }
-        }
-        float rescale[2], base[2];
-        online_softmax_step(tile_max, m_run, l_run, base, rescale);
+            float rescale[2], base[2];
+            online_softmax_step(tile_max, m_run[mi], l_run[mi], base, rescale);
 #pragma unroll
-        for (int dt = 0; dt < kDimTiles; dt++) {
-            o[dt][0] *= rescale[0];
-            o[dt][1] *= rescale[0];
-            o[dt][2] *= rescale[1];
-            o[dt][3] *= rescale[1];
-        }
-        /* P as A fragments: accumulator tiles 2kk and 2kk + 1 form the 16x16 A tile kk. */
-        uint32_t pf[kKeyTiles / 2][4];
+            for (int dt = 0; dt < kDimTiles; dt++) {
+                o[mi][dt][0] *= rescale[0];
+                o[mi][dt][1] *= rescale[0];
+                o[mi][dt][2] *= rescale[1];
+                o[mi][dt][3] *= rescale[1];
+            }
+            /* P as A fragments: accumulator tiles 2kk and 2kk + 1 form the 16x16 A tile kk. */
 #pragma unroll
-        for (int nt = 0; nt < kKeyTiles; nt++)
-            softmax_probs<T>(s[nt], base, l_run, pf[nt / 2][(nt % 2) * 2], pf[nt / 2][(nt % 2) * 2 + 1]);
+            for (int nt = 0; nt < kKeyTiles; nt++)
+                softmax_probs<T>(s[mi][nt], base, l_run[mi], pf[mi][nt / 2][(nt % 2) * 2],
+                                 pf[mi][nt / 2][(nt % 2) * 2 + 1]);
+        }
 #pragma unroll
         for (int kk = 0; kk < kKeyTiles / 2; kk++) {
 #pragma unroll
@@ -148,8 +162,11 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
                 uint32_t vb[4];
                 int row = kk * 16 + lane % 8 + 8 * (lane / 8 % 2);
                 ldmatrix_x4_trans(vb, &sm.v[stage][row][swizzle(row, 2 * dp + lane / 16)]);
-                mma<T>(o[2 * dp], pf[kk], vb[0], vb[1]);
-                mma<T>(o[2 * dp + 1], pf[kk], vb[2], vb[3]);
+#pragma unroll
+                for (int mi = 0; mi < kRowTiles; mi++) {
+                    mma<T>(o[mi][2 * dp], pf[mi][kk], vb[0], vb[1]);
+                    mma<T>(o[mi][2 * dp + 1], pf[mi][kk], vb[2], vb[3]);
+                }
             }
         }
         __syncthreads(); /* the stage is refilled next iteration */
@@ -157,15 +174,18 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        int row = row_lo + 8 * half;
-        if (row >= Sq) continue;
-        float inv_l = 1.0f / quad_sum(l_run[half]);
-        T *dst = out_base + row * q_stride + 2 * t;
+    for (int mi = 0; mi < kRowTiles; mi++) {
 #pragma unroll
-        for (int dt = 0; dt < kDimTiles; dt++)
-            *reinterpret_cast<uint32_t *>(dst + dt * 8) =
-                pack2<T>(o[dt][2 * half] * inv_l, o[dt][2 * half + 1] * inv_l);
+        for (int half = 0; half < 2; half++) {
+            int row = m0 + warp_row0 + 16 * mi + g + 8 * half;
+            if (row >= Sq) continue;
+            float inv_l = 1.0f / quad_sum(l_run[mi][half]);
+            T *dst = out_base + row * q_stride + 2 * t;
+#pragma unroll
+            for (int dt = 0; dt < kDimTiles; dt++)
+                *reinterpret_cast<uint32_t *>(dst + dt * 8) =
+                    pack2<T>(o[mi][dt][2 * half] * inv_l, o[mi][dt][2 * half + 1] * inv_l);
+        }
     }
 }
 
