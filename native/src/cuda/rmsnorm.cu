@@ -2,7 +2,7 @@
  * quantization after it: v = x (or residual += x, as stored; or gated, v = relu2(gate) * up rounded
  * to the dtype, from gate_up [T, 2H]), y = v * w / sqrt(mean(v^2) + eps), q = rint(y * 127 / max|y|).
  * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
- * vectors of 16 B, >= 4 rows per SM; 4 rows per block) or else one block per row (<= 4096
+ * vectors of 16 B, >= 64 rows per SM; 4 rows per block) or else one block per row (<= 4096
  * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
  * unaligned rows) take a loop over global memory, twice. Launched with programmatic dependent launch.
  * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
@@ -21,9 +21,14 @@ namespace {
 
 constexpr int WARP_ROWS_PER_BLOCK = 4; /* warp-per-row kernels: 128 threads */
 constexpr int WARP_MAX_V = 12;         /* a warp per row up to 32 * 12 vectors */
-/* A warp per row pays off from this many rows per SM; fewer rows are bound by the latency of one
- * row, which more threads per row cut. */
-constexpr int WARP_MIN_ROWS_PER_SM = 4;
+/* Rows that a warp could hold (up to 32 * WARP_MAX_V vectors) take a warp per row from
+ * WARP_MIN_ROWS_PER_SM rows per SM. From BLOCK_NARROW_MIN_ROWS_PER_SM they take a block per row of
+ * 2 vectors per thread: at T = 4096, H = 2560 (31 rows per SM on an H100) that reached 86% of
+ * read bandwidth, against 84-85% with a warp per row, whose 10 vectors per thread leave room for
+ * only 16 rows per SM. Fewer rows are bound by the latency of one row, which more threads per row
+ * (BLOCK_PREFERRED_THREADS) cut. */
+constexpr int WARP_MIN_ROWS_PER_SM = 64;
+constexpr int BLOCK_NARROW_MIN_ROWS_PER_SM = 4;
 constexpr int BLOCK_PREFERRED_THREADS = 320;
 constexpr int BLOCK_MAX_THREADS = 512;
 constexpr int BLOCK_MAX_V = 8; /* a block per row up to 512 * 8 vectors */
@@ -349,7 +354,10 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     } else if (vectorized && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
-        int v = smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
+        const bool narrow = vectors <= 32 * WARP_MAX_V &&
+                            a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * sm_count;
+        int v = narrow ? 2
+                       : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
         kernel = registers_kernel<T, N, false, RESIDUAL, GATED, QUANT>(v);
         threads = ((vectors + v - 1) / v + 31) / 32 * 32;
