@@ -6,6 +6,8 @@ BITNET_STRICT_MODE=1. Random inputs come from the `rng` fixture, whose seed is p
 BITNET_TEST_SEED to replay one)."""
 import os
 import secrets
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -91,3 +93,20 @@ def clean_env(monkeypatch):
                  "BITNET_DEVICE"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def first_call_in_a_graph_capture():
+    """Runs, in a fresh Python process: `setup`, then `op` captured in a CUDA graph on a new
+    libbitnet stream (so that it is the process's first call of that op), the graph's launch, and
+    `report`, which prints. Returns what it printed; fails with its stderr if it failed."""
+    def run(setup, op, report):
+        script = (setup + "stream = bitnet_ffi.Stream(0)\n"
+                  "with bitnet_ffi.Graph.capture(stream) as graph:\n"
+                  "    " + op + "\n"
+                  "graph.launch(); stream.synchronize()\n" + report)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+    return run
