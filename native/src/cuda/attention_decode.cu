@@ -10,9 +10,9 @@
  * - split path: about 3 blocks per SM, 2 tiles in flight, partials in the workspace and a merge
  *   kernel.
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
- * first tiles into L2 when there are no seq_lens (L = C). Bytes moved: the K and V rows up to seq_len. H100, bf16, 20/5 heads, d = 128,
- * L2 cold: B = 1 at 5.4 us (L = 1024), 8.2 us (4096), 81% of read bandwidth (32768); B = 8,
- * L = 32768 at 93% (docs/attention.md). */
+ * first tiles into L2 when there are no seq_lens (L = C). Bytes moved: the K and V rows up to
+ * seq_len. H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 5.4 us (L = 1024), 8.2 us (4096),
+ * 81% of read bandwidth (32768); B = 8, L = 32768 at 93% (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -399,7 +399,8 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
 /* Splits per (sequence, KV head, row block) on the cluster path, or 0 where it does not apply. It
  * needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits splits per group of at
  * most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters at once
- * (cudaOccupancyMaxActiveClusters, cached per device and size). */
+ * (cudaOccupancyMaxActiveClusters, cached per device and size). On sm_90 it also sets the cluster
+ * kernel's attributes, which older GPUs refuse (its shared memory is over sm_86's limit). */
 template <typename T, int D>
 bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits) {
     constexpr int kCachedDevices = 64;
@@ -408,12 +409,15 @@ bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *spl
     int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
     if (major < 9) return BITNET_OK;
+    auto kernel = decode_kernel<T, D, true>;
+    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sizeof(DecodeShared<D, true>)));
+    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t tiles = (C + kTileKeys - 1) / kTileKeys;
     int64_t want = sms / groups;
     want = want < tiles ? want : tiles;
     want = want < kMaxClusterSplits ? want : kMaxClusterSplits;
-    auto kernel = decode_kernel<T, D, true>;
     for (int size = (int)want; size >= kMinClusterSplits; size--) {
         if ((tiles + size - 1) / size > kMaxClusterTilesPerSplit) break;
         int fit = device < kCachedDevices ? cached[device][size].load(std::memory_order_relaxed) - 1 : -1;
@@ -444,21 +448,16 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
 
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
-    auto cluster_kernel = decode_kernel<T, D, true>;
-    const size_t cluster_smem = sizeof(DecodeShared<D, true>);
-    BN_CUDA_TRY(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)cluster_smem));
-    BN_CUDA_TRY(cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     int splits = 0;
     BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits)));
     if (splits > 0) {
         grid.x = (unsigned)splits;
-        BN_CUDA_TRY(bn_launch_pdl_cluster(cluster_kernel, grid, dim3(kThreads), cluster_smem,
-                                          (unsigned)splits, stream, static_cast<const T *>(q),
-                                          static_cast<const T *>(k), static_cast<const T *>(v),
-                                          seq_lens, (int)C, (int)Sq, (int)Hq, (int)Hkv, causal,
-                                          scale_log2, splits, static_cast<T *>(out),
-                                          (float *)nullptr, (float *)nullptr));
+        BN_CUDA_TRY(bn_launch_pdl_cluster(decode_kernel<T, D, true>, grid, dim3(kThreads),
+                                          sizeof(DecodeShared<D, true>), (unsigned)splits, stream,
+                                          static_cast<const T *>(q), static_cast<const T *>(k),
+                                          static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
+                                          (int)Hq, (int)Hkv, causal, scale_log2, splits,
+                                          static_cast<T *>(out), (float *)nullptr, (float *)nullptr));
         return BITNET_OK;
     }
 
