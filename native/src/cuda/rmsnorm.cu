@@ -346,16 +346,15 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t vectors = a.cols / N;
     void (*kernel)(NormArgs) = nullptr;
     int64_t threads = 0, grid = 0;
+    const bool warp_sized = vectorized && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
     /* With the residual's second stream of loads, a block per row was faster at every T. */
-    const bool warp_per_row = !RESIDUAL && vectorized && vectors <= 32 * WARP_MAX_V &&
-                              a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
+    const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
     if (warp_per_row) {
         kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     } else if (vectorized && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
-        const bool narrow = vectors <= 32 * WARP_MAX_V &&
-                            a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * sm_count;
+        const bool narrow = warp_sized && a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * sm_count;
         int v = narrow ? 2
                        : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
