@@ -242,7 +242,7 @@ def test_gpu_decode_matches_reference_and_sdpa(rng, dtype, case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", [(1, 1000, 20, 5, 128), (2, 77, 8, 8, 64), (1, 4096, 32, 8, 128),
-                                  (2, 300, 8, 1, 128), (1, 129, 20, 5, 64)])
+                                  (2, 300, 8, 1, 128), (1, 129, 20, 5, 64), (2, 4000, 8, 2, 64)])
 def test_gpu_prefill_matches_reference_and_sdpa(rng, dtype, case):
     import torch
     B, L, Hq, Hkv, D = case

@@ -8,11 +8,11 @@
 #include "common.cuh"
 
 /* The prefill (tensor-core) path, launched by bn_cuda_attention for longer query blocks. */
-bitnet_status bn_cuda_attention_prefill(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
-                                        int64_t Hkv, int64_t D, const void *q, const void *k,
-                                        const void *v, int64_t C, const int32_t *seq_lens,
-                                        int32_t causal, float scale, void *out,
-                                        cudaStream_t stream);
+bitnet_status bn_cuda_attention_prefill(int32_t device, int32_t dtype, int64_t B, int64_t Sq,
+                                        int64_t Hq, int64_t Hkv, int64_t D, const void *q,
+                                        const void *k, const void *v, int64_t C,
+                                        const int32_t *seq_lens, int32_t causal, float scale,
+                                        void *out, cudaStream_t stream);
 
 /* A device-resident length the host could not check: [Sq, C] when causal, [1, C] otherwise. */
 __device__ __forceinline__ bool valid_seq_len(int L, int C, int Sq, int causal) {

@@ -497,8 +497,8 @@ bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_
                        "capability %d.x; the attention kernels need 8.0 or newer", device, major);
     cudaStream_t s = bn_stream(stream);
     if (!bn_attention_uses_decode(Sq, Hq, Hkv))
-        return bn_cuda_attention_prefill(dtype, B, Sq, Hq, Hkv, D, q, k, v, C, seq_lens, causal,
-                                         scale, out, s);
+        return bn_cuda_attention_prefill(device, dtype, B, Sq, Hq, Hkv, D, q, k, v, C, seq_lens,
+                                         causal, scale, out, s);
     bool bf16 = dtype == BITNET_DTYPE_BF16;
     auto launch = D == 64 ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
                           : (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>);

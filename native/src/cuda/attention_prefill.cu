@@ -4,21 +4,25 @@
  * 4 warps, each owns 32 query rows (two m16 tiles, so each K/V fragment from shared memory feeds
  * two mma): S = Q K^T and O += P V with mma.sync m16n8k16 (f32 accumulate) over 64-key tiles
  * double-buffered in shared memory (cp.async, XOR-swizzled for ldmatrix), 2 blocks per SM; online
- * softmax in f32, P rounded to the input dtype for the P V product. FLOPs (causal): 2 L^2 D H.
+ * softmax in f32, P rounded to the input dtype for the P V product. Grids of 128-row tiles that
+ * would fill fewer than 2 blocks per SM (short prompts) take 64-row tiles, 16 rows per warp.
+ * FLOPs (causal): 2 L^2 D H.
  * H100, bf16, 20/5 heads, d = 128: 258 TFLOP/s at L = 4096, 291 at 16384 (docs/attention.md). */
 #include "attention_common.cuh"
 
 namespace {
 
-/* 4 warps of 32 query rows (two m16 tiles, so that every K and V fragment read from shared memory
- * feeds two mma), 64-key tiles double-buffered: 96 KB of shared memory and 2 blocks per SM. */
-constexpr int kWarps = 4, kRowTiles = 2, kBlockM = kWarps * 16 * kRowTiles, kBlockN = 64;
+/* 4 warps of ROW_TILES m16 tiles of query rows each: with 2 (128-row blocks), every K and V
+ * fragment read from shared memory feeds two mma. 64-key tiles double-buffered: 96 KB of shared
+ * memory at D = 128 and 2 blocks per SM. */
+constexpr int kWarps = 4, kBlockN = 64;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 2; /* K/V tiles in flight: one loads while one is used */
+template <int ROW_TILES> constexpr int kBlockM = kWarps * 16 * ROW_TILES;
 
-template <int D>
+template <int D, int ROW_TILES>
 struct PrefillShared {
-    uint4 q[kBlockM][D / 8];
+    uint4 q[kBlockM<ROW_TILES>][D / 8];
     uint4 k[kStages][kBlockN][D / 8];
     uint4 v[kStages][kBlockN][D / 8];
 };
@@ -39,15 +43,17 @@ __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int
 }
 
 /* Fragment coordinates (PTX m16n8k16): lane = 4 * g + t holds accumulator rows g and g + 8, columns
- * 2t and 2t + 1 of each 8-wide n tile. Warp w owns query rows 32w + 16mi + (g, g + 8), mi < 2. */
-template <typename T, int D>
+ * 2t and 2t + 1 of each 8-wide n tile. Warp w owns query rows 16 (ROW_TILES w + mi) + (g, g + 8),
+ * mi < ROW_TILES. */
+template <typename T, int D, int ROW_TILES>
 __global__ void __launch_bounds__(kThreads, 2)
 prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
                float scale_log2, T *__restrict__ out) {
-    constexpr int kDimTiles = D / 8, kKeyTiles = kBlockN / 8;
+    constexpr int kDimTiles = D / 8, kKeyTiles = kBlockN / 8, kRowTiles = ROW_TILES;
+    constexpr int kBlockM = ::kBlockM<ROW_TILES>;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    auto &sm = *reinterpret_cast<PrefillShared<D> *>(smem_bytes);
+    auto &sm = *reinterpret_cast<PrefillShared<D, ROW_TILES> *>(smem_bytes);
     /* Blocks start in order x (head) fastest: the longest causal tiles of every head come first. */
     const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
     const int h = blockIdx.x, b = blockIdx.z, kvh = h / (Hq / Hkv);
@@ -189,17 +195,14 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     }
 }
 
-template <typename T, int D>
-bitnet_status launch_prefill(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, const void *q,
-                             const void *k, const void *v, int64_t C, const int32_t *seq_lens,
-                             int32_t causal, float scale, void *out, cudaStream_t stream) {
-    if (Sq > 65535LL * kBlockM || B > 65535)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Sq = %lld too large "
-                       "for the prefill grid", (long long)B, (long long)Sq);
-    const size_t smem = sizeof(PrefillShared<D>);
-    auto kernel = prefill_kernel<T, D>;
+template <typename T, int D, int ROW_TILES>
+bitnet_status launch_kernel(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, const void *q,
+                            const void *k, const void *v, int64_t C, const int32_t *seq_lens,
+                            int32_t causal, float scale, void *out, cudaStream_t stream) {
+    const size_t smem = sizeof(PrefillShared<D, ROW_TILES>);
+    auto kernel = prefill_kernel<T, D, ROW_TILES>;
     BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid((unsigned)Hq, bn_ceil_div(Sq, kBlockM), (unsigned)B);
+    dim3 grid((unsigned)Hq, bn_ceil_div(Sq, kBlockM<ROW_TILES>), (unsigned)B);
     kernel<<<grid, kThreads, smem, stream>>>(
         static_cast<const T *>(q), static_cast<const T *>(k), static_cast<const T *>(v), seq_lens,
         (int)C, (int)Sq, (int)Hq, (int)Hkv, causal, scale * 1.4426950408889634f,
@@ -208,15 +211,30 @@ bitnet_status launch_prefill(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, con
     return BITNET_OK;
 }
 
+template <typename T, int D>
+bitnet_status launch_prefill(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                             const void *q, const void *k, const void *v, int64_t C, const int32_t *seq_lens,
+                             int32_t causal, float scale, void *out, cudaStream_t stream) {
+    if (Sq > 65535LL * kBlockM<2> || B > 65535)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Sq = %lld too large "
+                       "for the prefill grid", (long long)B, (long long)Sq);
+    int sms = 0;
+    BN_TRY(bn_cuda_sm_count(device, &sms));
+    const int64_t wide_blocks = Hq * bn_ceil_div(Sq, kBlockM<2>) * B;
+    if (wide_blocks < 2LL * sms) /* then Sq is small enough for the narrow grid too */
+        return launch_kernel<T, D, 1>(B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+    return launch_kernel<T, D, 2>(B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+}
+
 } // namespace
 
-bitnet_status bn_cuda_attention_prefill(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
-                                        int64_t Hkv, int64_t D, const void *q, const void *k,
-                                        const void *v, int64_t C, const int32_t *seq_lens,
-                                        int32_t causal, float scale, void *out,
-                                        cudaStream_t stream) {
+bitnet_status bn_cuda_attention_prefill(int32_t device, int32_t dtype, int64_t B, int64_t Sq,
+                                        int64_t Hq, int64_t Hkv, int64_t D, const void *q,
+                                        const void *k, const void *v, int64_t C,
+                                        const int32_t *seq_lens, int32_t causal, float scale,
+                                        void *out, cudaStream_t stream) {
     bool bf16 = dtype == BITNET_DTYPE_BF16;
     auto launch = D == 64 ? (bf16 ? launch_prefill<__nv_bfloat16, 64> : launch_prefill<__half, 64>)
                           : (bf16 ? launch_prefill<__nv_bfloat16, 128> : launch_prefill<__half, 128>);
-    return launch(B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+    return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
 }
