@@ -4,7 +4,8 @@
  * - 1 token, dp4a: x is staged in shared memory (16-byte pieces swizzled so that the reads are
  *   conflict-free), its sum found on the way. A warp owns 4 rows, 8 lanes per row; a lane loads 8
  *   16-byte chunks of its row at a time and prefetches the next 8 while it computes.
- * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K;
+ * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K (5
+ *   or 6 warps where that takes as many steps and lets more blocks run at once: plan_mma8);
  *   lane (g, t) loads 16 bytes of rows g and g+8 at chunk 4s+t, which feed 8 mma steps; the mma's
  *   k order is a permutation of K, applied to x alike. x is read straight from global memory into
  *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The 8 partial
@@ -15,7 +16,7 @@
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py): 55296x5120 26.1 us = 2723 GB/s (87% of read BW), 5120x27648 13.8 us (82%),
- * 2560x2560 2.05 us; 8 tokens: 13824x2560 7.4 us, 2560x2560 2.7 us. */
+ * 2560x2560 2.05 us; 8 tokens: 13824x2560 6.4 us, 2560x2560 2.7 us. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,7 +38,8 @@ constexpr int kOneTokenBlocksPerSm = 2;
 /* mma kernel, up to 16 tokens */
 constexpr int kRowsPerBlock = 16;
 constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
-constexpr int kMmaBlocksPerSm = 3;
+constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
+constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (choose_mma_warps) */
 
 struct GemvArgs {
     const uint4 *w;        /* [M, K/64]: 16-byte chunks of 64 weights */
@@ -200,23 +202,24 @@ __device__ __forceinline__ void load_x_fragment(int4 (&x)[4], const GemvArgs &a,
 
 /* NT = 8 * NTILES tokens. Lane (g, t) = (lane / 4, lane % 4), as in the mma fragment layouts:
  * A row g and g+8 of the block's 16 rows, B column (token) g, D rows g, g+8 x tokens 2t, 2t+1. */
-template <int NTILES>
-__global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
+template <int NTILES, int WARPS>
+__global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) {
+    static_assert(NTILES * 128 <= WARPS * 32, "a finisher per output of a tile");
     extern __shared__ int4 shared[];
-    int *partial = reinterpret_cast<int *>(shared); /* [kWarps][NTILES * 128] */
+    int *partial = reinterpret_cast<int *>(shared); /* [WARPS][NTILES * 128] */
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int chunks_per_row = a.K / 64;
     const int quads = (chunks_per_row + 3) / 4;              /* chunk quads per row */
-    const int warp_quads = (quads - warp + kWarps - 1) / kWarps; /* quads warp, warp + 8, ... */
+    const int warp_quads = (quads - warp + WARPS - 1) / WARPS; /* quads warp, warp + WARPS, ... */
     const int iterations = (warp_quads + kStepsPerLoad - 1) / kStepsPerLoad;
     const int tiles = (a.M + kRowsPerBlock - 1) / kRowsPerBlock;
 
-    /* w[s][0]: row g, w[s][1]: row g+8, chunk 4 * quad + t, quad = warp + 8 * (iteration * 2 + s) */
+    /* w[s][0]: row g, w[s][1]: row g+8, chunk 4 * quad + t, quad = warp + WARPS * (iteration * 2 + s) */
     auto load = [&](uint4 (&w)[kStepsPerLoad][2], int tile_, int iteration) {
 #pragma unroll
         for (int s = 0; s < kStepsPerLoad; s++) {
-            int quad = warp + kWarps * (iteration * kStepsPerLoad + s);
+            int quad = warp + WARPS * (iteration * kStepsPerLoad + s);
             int chunk = 4 * quad + t;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -263,7 +266,7 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
             if (next_tile < tiles) load(next, next_tile, iteration + 1 < iterations ? iteration + 1 : 0);
 #pragma unroll
             for (int s = 0; s < kStepsPerLoad; s++) {
-                int quad = warp + kWarps * (iteration * kStepsPerLoad + s);
+                int quad = warp + WARPS * (iteration * kStepsPerLoad + s);
                 if (quad >= quads) break;
                 const uint32_t lo[4] = {w[s][0].x, w[s][0].y, w[s][0].z, w[s][0].w};
                 const uint32_t hi[4] = {w[s][1].x, w[s][1].y, w[s][1].z, w[s][1].w};
@@ -299,7 +302,7 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
                 x_neg[j][1] = x_neg[j][3] = -odd;
             }
         }
-        /* The 8 warps' partial tiles meet in shared memory; each finisher adds up its output. */
+        /* The warps' partial tiles meet in shared memory; each finisher adds up its output. */
 #pragma unroll
         for (int j = 0; j < NTILES; j++)
 #pragma unroll
@@ -309,7 +312,7 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
         if (finisher) {
             int dot = 0;
 #pragma unroll
-            for (int w2 = 0; w2 < kWarps; w2++) dot += partial[w2 * NTILES * 128 + o];
+            for (int w2 = 0; w2 < WARPS; w2++) dot += partial[w2 * NTILES * 128 + o];
             int row = tile * kRowsPerBlock + o_row;
             if (row < a.M && o_n < a.n_valid) store(a, o_n, row, dot, w_scale, x_scale);
         }
@@ -320,23 +323,60 @@ __global__ __launch_bounds__(kThreads) void gemv_tokens_mma(const GemvArgs a) {
     for (tile += gridDim.x; tile < tiles; tile += gridDim.x) run_tile(std::false_type());
 }
 
-/* Launches `kernel` with programmatic stream serialization on a grid of at most `blocks_per_sm`
- * resident blocks per SM (fewer if `work_blocks` is smaller). */
+/* A launch shape: blocks of `threads`, and how many of them the GPU holds at once (at most
+ * blocks_per_sm per SM, fewer where the SM has room for fewer). */
 template <typename Kernel>
-bitnet_status launch(int device, Kernel kernel, int64_t work_blocks, int blocks_per_sm,
-                     size_t shared_bytes, const GemvArgs &a, cudaStream_t stream) {
+struct Launch {
+    Kernel kernel;
+    int threads;
+    size_t shared_bytes;
+    int64_t resident_blocks;
+};
+
+template <typename Kernel>
+bitnet_status plan(int device, Kernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
+                   Launch<Kernel> *out) {
     if (shared_bytes > 48 * 1024)
         BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_bytes)));
     int sms = 0, resident = 0;
     BN_TRY(bn_cuda_sm_count(device, &sms));
-    BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, shared_bytes));
+    BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared_bytes));
     int64_t per_sm = resident < 1 ? 1 : resident < blocks_per_sm ? resident : blocks_per_sm;
-    int64_t blocks = work_blocks < sms * per_sm ? work_blocks : sms * per_sm;
-
-    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
-                              shared_bytes, stream, a));
+    *out = {kernel, threads, shared_bytes, sms * per_sm};
     return BITNET_OK;
+}
+
+/* Launches with programmatic stream serialization on at most the resident blocks (fewer if
+ * `work_blocks` is smaller); the kernels loop over the rest of their work. */
+template <typename Kernel>
+bitnet_status launch(const Launch<Kernel> &l, int64_t work_blocks, const GemvArgs &a, cudaStream_t stream) {
+    int64_t blocks = work_blocks < l.resident_blocks ? work_blocks : l.resident_blocks;
+    BN_CUDA_TRY(bn_launch_pdl(l.kernel, dim3(static_cast<unsigned>(blocks)), dim3(l.threads),
+                              l.shared_bytes, stream, a));
+    return BITNET_OK;
+}
+
+template <int NTILES, int WARPS>
+bitnet_status plan_mma(int device, int blocks_per_sm, Launch<void (*)(GemvArgs)> *out) {
+    const size_t partial_bytes = static_cast<size_t>(WARPS) * NTILES * 128 * sizeof(int);
+    return plan<void (*)(GemvArgs)>(device, gemv_tokens_mma<NTILES, WARPS>, WARPS * 32, blocks_per_sm,
+                                    partial_bytes, out);
+}
+
+/* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
+ * step more than others when 8 does not divide them. Where 5 or 6 warps take them in as many steps
+ * (K = 2304 to 3072, 4352 to 4608) and the tiles outnumber the 8-warp blocks the GPU holds at
+ * once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560, 8
+ * tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. */
+bitnet_status plan_mma8(int device, int64_t K, int64_t tiles, Launch<void (*)(GemvArgs)> *out) {
+    BN_TRY((plan_mma<1, 8>(device, kMmaBlocksPerSm, out)));
+    const int64_t quads = (K / 64 + 3) / 4;
+    const int64_t steps = (quads + kWarps - 1) / kWarps;
+    const int64_t fewest = (quads + steps - 1) / steps;
+    if (tiles <= out->resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
+    return fewest == 5 ? plan_mma<1, 5>(device, kMmaSmallBlocksPerSm, out)
+                       : plan_mma<1, 6>(device, kMmaSmallBlocksPerSm, out);
 }
 
 }  // namespace
@@ -369,16 +409,18 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         a.M = static_cast<int>(M);
         a.K = static_cast<int>(K);
         a.n_valid = static_cast<int>(left < nt ? left : nt);
+        Launch<void (*)(GemvArgs)> l;
+        int64_t work_blocks;
         if (nt == 1) {
             size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
-            int64_t warp_tiles = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-            BN_TRY(launch(device, gemv_one_token, warp_tiles, kOneTokenBlocksPerSm, bytes, a, s));
+            BN_TRY(plan<void (*)(GemvArgs)>(device, gemv_one_token, kThreads, kOneTokenBlocksPerSm, bytes, &l));
+            work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
         } else {
-            int64_t tiles = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-            size_t bytes = static_cast<size_t>(kWarps) * (nt / 8) * 4 * 32 * sizeof(int); /* partial */
-            if (nt == 8) BN_TRY(launch(device, gemv_tokens_mma<1>, tiles, kMmaBlocksPerSm, bytes, a, s));
-            else BN_TRY(launch(device, gemv_tokens_mma<2>, tiles, kMmaBlocksPerSm, bytes, a, s));
+            work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+            if (nt == 8) BN_TRY(plan_mma8(device, K, work_blocks, &l));
+            else BN_TRY((plan_mma<2, 8>(device, kMmaBlocksPerSm, &l)));
         }
+        BN_TRY(launch(l, work_blocks, a, s));
         n0 += a.n_valid;
     }
     return BITNET_OK;
