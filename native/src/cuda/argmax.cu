@@ -3,7 +3,6 @@
  * each thread scans a strided share of its block's slice (16-byte loads where the row allows), then
  * warps, the block and the cluster reduce (value, index) pairs. numpy's rules: the first maximum
  * wins, and a NaN beats every number. Launched with programmatic dependent launch. Bytes: N*M*4. */
-#include <atomic>
 
 #include <cooperative_groups.h>
 
@@ -105,21 +104,18 @@ __global__ void __launch_bounds__(THREADS) argmax_kernel(const float *x, int64_t
 #endif
 }
 
-/* The largest cluster of argmax blocks (at most MAX_SLICES, a power of two) that `device` can place,
- * found once per device: a GPU or MIG partition with few SMs per GPC may not fit 8 blocks of 1024
- * threads, and a cluster that cannot be placed fails to launch. Sizes that fit are monotonic. */
+/* The largest cluster of argmax blocks (at most MAX_SLICES, a power of two) that `device` can place
+ * (the occupancy queries are cached per device): a GPU or MIG partition with few SMs per GPC may
+ * not fit 8 blocks of 1024 threads, and a cluster that cannot be placed fails to launch. Sizes that
+ * fit are monotonic. */
 bitnet_status placeable_slices(int32_t device, int *slices) {
-    constexpr int kCachedDevices = 64;
-    static std::atomic<int> cache[kCachedDevices] = {}; /* 0: not yet known */
-    if (device < kCachedDevices && (*slices = cache[device].load(std::memory_order_relaxed)) > 0)
-        return BITNET_OK;
     int fit = MAX_SLICES;
     for (; fit > 1; fit /= 2) {
         int clusters = 0;
-        BN_CUDA_TRY(bn_max_active_clusters(argmax_kernel, (unsigned)fit, dim3(THREADS), 0, &clusters));
+        BN_TRY(bn_max_active_clusters_cached<argmax_kernel>(device, (unsigned)fit, dim3(THREADS), 0,
+                                                            &clusters));
         if (clusters > 0) break;
     }
-    if (device < kCachedDevices) cache[device].store(fit, std::memory_order_relaxed);
     *slices = fit;
     return BITNET_OK;
 }

@@ -17,7 +17,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "attention_common.cuh"
@@ -399,12 +398,10 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
 /* Splits per (sequence, KV head, row block) on the cluster path, or 0 where it does not apply. It
  * needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits splits per group of at
  * most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters at once
- * (cudaOccupancyMaxActiveClusters, cached per device and size). On sm_90 it also sets the cluster
- * kernel's attributes, which older GPUs refuse (its shared memory is over sm_86's limit). */
+ * (bn_max_active_clusters_cached). On sm_90 it also sets the cluster kernel's attributes, which
+ * older GPUs refuse (its shared memory is over sm_86's limit). */
 template <typename T, int D>
 bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits) {
-    constexpr int kCachedDevices = 64;
-    static std::atomic<int> cached[kCachedDevices][kMaxClusterSplits + 1] = {}; /* clusters + 1 */
     *splits = 0;
     int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
@@ -420,12 +417,9 @@ bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *spl
     want = want < kMaxClusterSplits ? want : kMaxClusterSplits;
     for (int size = (int)want; size >= kMinClusterSplits; size--) {
         if ((tiles + size - 1) / size > kMaxClusterTilesPerSplit) break;
-        int fit = device < kCachedDevices ? cached[device][size].load(std::memory_order_relaxed) - 1 : -1;
-        if (fit < 0) {
-            BN_CUDA_TRY(bn_max_active_clusters(kernel, (unsigned)size, dim3(kThreads),
-                                               sizeof(DecodeShared<D, true>), &fit));
-            if (device < kCachedDevices) cached[device][size].store(fit + 1, std::memory_order_relaxed);
-        }
+        int fit = 0;
+        BN_TRY((bn_max_active_clusters_cached<decode_kernel<T, D, true>>(
+            device, (unsigned)size, dim3(kThreads), sizeof(DecodeShared<D, true>), &fit)));
         if (fit >= groups) {
             *splits = size;
             break;
