@@ -16,8 +16,8 @@
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
- * cold (bench_gemv.py): 55296x5120 26.1 us = 2723 GB/s (87% of read BW), 5120x27648 13.8 us (82%),
- * 2560x2560 1.95 us; 8 tokens: 13824x2560 6.4 us, 2560x2560 2.7 us. */
+ * cold (bench_gemv.py): 55296x5120 24.2 us = 2937 GB/s (94% of read BW), 5120x27648 13.8-14.1 us
+ * (81-83%), 2560x2560 1.83 us; 8 tokens: 13824x2560 6.4 us, 2560x2560 2.75 us. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
