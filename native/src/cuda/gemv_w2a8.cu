@@ -9,8 +9,8 @@
  *   or 6 warps where that takes as many steps and lets more blocks run at once: plan_mma8);
  *   lane (g, t) loads 16 bytes of rows g and g+8 at chunk 4s+t, which feed 8 mma steps; the mma's
  *   k order is a permutation of K, applied to x alike. x is read straight from global memory into
- *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The 8 partial
- *   tiles meet in shared memory, and 128 threads per 8 tokens finish one output each. The sums of
+ *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The warps'
+ *   partial tiles meet in shared memory, and 128 threads per 8 tokens finish one output each. The sums of
  *   x that turn codes into W_q are taken during a block's first tile, which is compiled apart.
  * Both mask the codes in place where they can (dp4a and mma with unsigned weight bytes, partial
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
@@ -40,7 +40,7 @@ constexpr int kOneTokenBlocksPerSm = 2;
 constexpr int kRowsPerBlock = 16;
 constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
 constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
-constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (choose_mma_warps) */
+constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
 
 struct GemvArgs {
     const uint4 *w;        /* [M, K/64]: 16-byte chunks of 64 weights */
@@ -324,19 +324,19 @@ __global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) 
     for (tile += gridDim.x; tile < tiles; tile += gridDim.x) run_tile(std::false_type());
 }
 
+using GemvKernel = void (*)(GemvArgs);
+
 /* A launch shape: blocks of `threads`, and how many of them the GPU holds at once (at most
  * blocks_per_sm per SM, fewer where the SM has room for fewer). */
-template <typename Kernel>
 struct Launch {
-    Kernel kernel;
+    GemvKernel kernel;
     int threads;
     size_t shared_bytes;
     int64_t resident_blocks;
 };
 
-template <typename Kernel>
-bitnet_status plan(int device, Kernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
-                   Launch<Kernel> *out) {
+bitnet_status plan(int device, GemvKernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
+                   Launch *out) {
     if (shared_bytes > 48 * 1024)
         BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_bytes)));
@@ -350,8 +350,7 @@ bitnet_status plan(int device, Kernel kernel, int threads, int blocks_per_sm, si
 
 /* Launches with programmatic stream serialization on at most the resident blocks (fewer if
  * `work_blocks` is smaller); the kernels loop over the rest of their work. */
-template <typename Kernel>
-bitnet_status launch(const Launch<Kernel> &l, int64_t work_blocks, const GemvArgs &a, cudaStream_t stream) {
+bitnet_status launch(const Launch &l, int64_t work_blocks, const GemvArgs &a, cudaStream_t stream) {
     int64_t blocks = work_blocks < l.resident_blocks ? work_blocks : l.resident_blocks;
     BN_CUDA_TRY(bn_launch_pdl(l.kernel, dim3(static_cast<unsigned>(blocks)), dim3(l.threads),
                               l.shared_bytes, stream, a));
@@ -359,10 +358,9 @@ bitnet_status launch(const Launch<Kernel> &l, int64_t work_blocks, const GemvArg
 }
 
 template <int NTILES, int WARPS>
-bitnet_status plan_mma(int device, int blocks_per_sm, Launch<void (*)(GemvArgs)> *out) {
+bitnet_status plan_mma(int device, int blocks_per_sm, Launch *out) {
     const size_t partial_bytes = static_cast<size_t>(WARPS) * NTILES * 128 * sizeof(int);
-    return plan<void (*)(GemvArgs)>(device, gemv_tokens_mma<NTILES, WARPS>, WARPS * 32, blocks_per_sm,
-                                    partial_bytes, out);
+    return plan(device, gemv_tokens_mma<NTILES, WARPS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
 /* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
@@ -370,7 +368,7 @@ bitnet_status plan_mma(int device, int blocks_per_sm, Launch<void (*)(GemvArgs)>
  * (K = 2304 to 3072, 4352 to 4608) and the tiles outnumber the 8-warp blocks the GPU holds at
  * once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560, 8
  * tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. */
-bitnet_status plan_mma8(int device, int64_t K, int64_t tiles, Launch<void (*)(GemvArgs)> *out) {
+bitnet_status plan_mma8(int device, int64_t K, int64_t tiles, Launch *out) {
     BN_TRY((plan_mma<1, 8>(device, kMmaBlocksPerSm, out)));
     const int64_t quads = (K / 64 + 3) / 4;
     const int64_t steps = (quads + kWarps - 1) / kWarps;
@@ -410,7 +408,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         a.M = static_cast<int>(M);
         a.K = static_cast<int>(K);
         a.n_valid = static_cast<int>(left < nt ? left : nt);
-        Launch<void (*)(GemvArgs)> l;
+        Launch l;
         int64_t work_blocks;
         if (nt == 1) {
             size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
@@ -421,7 +419,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
             int sms = 0;
             BN_TRY(bn_cuda_sm_count(device, &sms));
             const int per_sm = work_blocks <= (int64_t)sms * kWarps ? 1 : kOneTokenBlocksPerSm;
-            BN_TRY(plan<void (*)(GemvArgs)>(device, gemv_one_token, kThreads, per_sm, bytes, &l));
+            BN_TRY(plan(device, gemv_one_token, kThreads, per_sm, bytes, &l));
         } else {
             work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
             if (nt == 8) BN_TRY(plan_mma8(device, K, work_blocks, &l));
