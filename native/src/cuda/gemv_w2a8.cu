@@ -365,9 +365,9 @@ bitnet_status plan_mma(int device, int blocks_per_sm, Launch *out) {
 
 /* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
  * step more than others when 8 does not divide them. Where 5 or 6 warps take them in as many steps
- * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU holds at
- * once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560, 8
- * tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. */
+ * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU
+ * holds at once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560,
+ * 8 tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. */
 bitnet_status plan_mma8(int device, int64_t K, int64_t tiles, Launch *out) {
     BN_TRY((plan_mma<1, 8>(device, kMmaBlocksPerSm, out)));
     const int64_t quads = (K / 64 + 3) / 4;
