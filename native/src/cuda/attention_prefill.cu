@@ -7,14 +7,15 @@
  * softmax in f32, P rounded to the input dtype for the P V product. Grids of 128-row tiles that
  * would fill fewer than 2 blocks per SM (short prompts) take 64-row tiles, 16 rows per warp.
  * FLOPs (causal): 2 L^2 D H.
- * H100, bf16, 20/5 heads, d = 128: 258 TFLOP/s at L = 4096, 291 at 16384 (docs/attention.md). */
+ * H100, bf16, 20/5 heads, d = 128: 139 TFLOP/s at L = 1024 (64-row tiles), 258 at 4096, 292 at
+ * 16384 (docs/attention.md). */
 #include "attention_common.cuh"
 
 namespace {
 
 /* 4 warps of ROW_TILES m16 tiles of query rows each: with 2 (128-row blocks), every K and V
- * fragment read from shared memory feeds two mma. 64-key tiles double-buffered: 96 KB of shared
- * memory at D = 128 and 2 blocks per SM. */
+ * fragment read from shared memory feeds two mma. 64-key tiles double-buffered: 96 KB (80 KB with
+ * 64-row blocks) of shared memory at D = 128 and 2 blocks per SM. */
 constexpr int kWarps = 4, kBlockN = 64;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 2; /* K/V tiles in flight: one loads while one is used */
