@@ -326,8 +326,8 @@ __global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) 
 
 using GemvKernel = void (*)(GemvArgs);
 
-/* A launch shape: blocks of `threads`, and how many of them the GPU holds at once (at most
- * blocks_per_sm per SM, fewer where the SM has room for fewer). */
+/* A launch shape: blocks of `threads`, and how many of them the GPU (`sms` SMs) holds at once (at
+ * most blocks_per_sm per SM, fewer where the SM has room for fewer). */
 struct Launch {
     GemvKernel kernel;
     int threads;
@@ -335,16 +335,15 @@ struct Launch {
     int64_t resident_blocks;
 };
 
-bitnet_status plan(int device, GemvKernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
+bitnet_status plan(int sms, GemvKernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
                    Launch *out) {
     if (shared_bytes > 48 * 1024)
         BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_bytes)));
-    int sms = 0, resident = 0;
-    BN_TRY(bn_cuda_sm_count(device, &sms));
+    int resident = 0;
     BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared_bytes));
     int64_t per_sm = resident < 1 ? 1 : resident < blocks_per_sm ? resident : blocks_per_sm;
-    *out = {kernel, threads, shared_bytes, sms * per_sm};
+    *out = {kernel, threads, shared_bytes, (int64_t)sms * per_sm};
     return BITNET_OK;
 }
 
@@ -358,9 +357,9 @@ bitnet_status launch(const Launch &l, int64_t work_blocks, const GemvArgs &a, cu
 }
 
 template <int NTILES, int WARPS>
-bitnet_status plan_mma(int device, int blocks_per_sm, Launch *out) {
+bitnet_status plan_mma(int sms, int blocks_per_sm, Launch *out) {
     const size_t partial_bytes = static_cast<size_t>(WARPS) * NTILES * 128 * sizeof(int);
-    return plan(device, gemv_tokens_mma<NTILES, WARPS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
+    return plan(sms, gemv_tokens_mma<NTILES, WARPS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
 /* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
@@ -368,14 +367,14 @@ bitnet_status plan_mma(int device, int blocks_per_sm, Launch *out) {
  * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU
  * holds at once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560,
  * 8 tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. */
-bitnet_status plan_mma8(int device, int64_t K, int64_t tiles, Launch *out) {
-    BN_TRY((plan_mma<1, 8>(device, kMmaBlocksPerSm, out)));
+bitnet_status plan_mma8(int sms, int64_t K, int64_t tiles, Launch *out) {
+    BN_TRY((plan_mma<1, 8>(sms, kMmaBlocksPerSm, out)));
     const int64_t quads = (K / 64 + 3) / 4;
     const int64_t steps = (quads + kWarps - 1) / kWarps;
     const int64_t fewest = (quads + steps - 1) / steps;
     if (tiles <= out->resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
-    return fewest == 5 ? plan_mma<1, 5>(device, kMmaSmallBlocksPerSm, out)
-                       : plan_mma<1, 6>(device, kMmaSmallBlocksPerSm, out);
+    return fewest == 5 ? plan_mma<1, 5>(sms, kMmaSmallBlocksPerSm, out)
+                       : plan_mma<1, 6>(sms, kMmaSmallBlocksPerSm, out);
 }
 
 }  // namespace
@@ -393,8 +392,9 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
     /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma); past 16 tokens launches repeat (and read
      * the weights again). The int8 tensor-core kernel needs sm_80; older GPUs take one token per
      * launch. */
-    int major = 0;
+    int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    BN_TRY(bn_cuda_sm_count(device, &sms));
     for (int64_t n0 = 0; n0 < N;) {
         int64_t left = N - n0;
         int nt = left == 1 || major < 8 ? 1 : left <= 8 ? 8 : 16;
@@ -416,14 +416,12 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
              * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
              * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
             work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-            int sms = 0;
-            BN_TRY(bn_cuda_sm_count(device, &sms));
             const int per_sm = work_blocks <= (int64_t)sms * kWarps ? 1 : kOneTokenBlocksPerSm;
-            BN_TRY(plan(device, gemv_one_token, kThreads, per_sm, bytes, &l));
+            BN_TRY(plan(sms, gemv_one_token, kThreads, per_sm, bytes, &l));
         } else {
             work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-            if (nt == 8) BN_TRY(plan_mma8(device, K, work_blocks, &l));
-            else BN_TRY((plan_mma<2, 8>(device, kMmaBlocksPerSm, &l)));
+            if (nt == 8) BN_TRY(plan_mma8(sms, K, work_blocks, &l));
+            else BN_TRY((plan_mma<2, 8>(sms, kMmaBlocksPerSm, &l)));
         }
         BN_TRY(launch(l, work_blocks, a, s));
         n0 += a.n_valid;
