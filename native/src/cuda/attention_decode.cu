@@ -298,6 +298,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
                 make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
     }
     __syncthreads();
+#pragma unroll 4
     for (int i = threadIdx.x; i < rows * D; i += kThreads) {
         const int r = i / D, d = i % D;
         float m_tot = -INFINITY;
