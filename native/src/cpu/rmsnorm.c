@@ -11,6 +11,8 @@
 #include "../internal.h"
 
 enum { CHUNK = 256, LANES = 16 };
+/* A row whose 1 / RMS is beyond float32 is normalized as v * TINY_ROW_SCALE (norm_row). */
+static const float TINY_ROW_SCALE = 0x1p64f;
 
 static uint32_t bits_of(float f) {
     uint32_t u;
@@ -142,8 +144,12 @@ static void norm_row(const norm_args *a, int64_t row) {
         max_vw = lane_max[l] > max_vw ? lane_max[l] : max_vw;
     }
 
+    /* Where the float32 mean square is not a normal float, 1 / RMS comes from a float64 sum. An
+     * RMS under 2^-128 (only with eps = 0: a positive float32 eps is at least 2^-149) has a
+     * reciprocal beyond float32: such a row is normalized as v * TINY_ROW_SCALE (exact, and the
+     * same norm with eps = 0), `pre`, as the CUDA kernels do. */
     const float mean_square = sum / (float)H + a->eps;
-    float r;
+    float r, pre = 1.0f;
     if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
         r = 1.0f / sqrtf(mean_square);
     } else {
@@ -152,12 +158,24 @@ static void norm_row(const norm_args *a, int64_t row) {
             int n = load_chunk(a, row, c, v, w);
             for (int i = 0; i < n; i++) sum64 += (double)v[i] * v[i];
         }
-        r = (float)(1.0 / sqrt(sum64 / (double)H + a->eps));
+        double r64 = 1.0 / sqrt(sum64 / (double)H + a->eps);
+        if (r64 > FLT_MAX) {
+            pre = TINY_ROW_SCALE;
+            r64 /= TINY_ROW_SCALE;
+            max_vw = 0.0f;
+            for (int64_t c = 0; c < H; c += CHUNK) {
+                int n = load_chunk(a, row, c, v, w);
+                for (int i = 0; i < n; i++) max_vw = fmaxf(max_vw, fabsf(v[i] * pre * w[i]));
+            }
+        }
+        r = (float)r64;
     }
     const float scale = 127.0f / fmaxf(max_vw * r, 1e-5f), r_scale = r * scale;
 
     for (int64_t c = 0; c < H; c += CHUNK) {
         int n = load_chunk(a, row, c, v, w);
+        if (pre != 1.0f)
+            for (int i = 0; i < n; i++) v[i] *= pre;
         for (int i = 0; i < n; i++) v[i] *= w[i]; /* the products v * w */
         if (a->y_q)
             for (int i = 0; i < n; i++)
