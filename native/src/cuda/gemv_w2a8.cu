@@ -377,6 +377,28 @@ bitnet_status plan_mma8(int sms, int64_t K, int64_t tiles, Launch *out) {
                        : plan_mma<1, 6>(sms, kMmaSmallBlocksPerSm, out);
 }
 
+/* The launch for nt tokens (1, 8 or 16) and its blocks of work (tiles of rows), the same for every
+ * launch of one call. */
+struct TokensLaunch {
+    Launch launch;
+    int64_t work_blocks;
+};
+
+bitnet_status plan_tokens(int sms, int nt, int64_t M, int64_t K, TokensLaunch *out) {
+    if (nt == 1) {
+        size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
+        /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
+         * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
+         * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
+        out->work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
+        const int per_sm = out->work_blocks <= (int64_t)sms * kWarps ? 1 : kOneTokenBlocksPerSm;
+        return plan(sms, gemv_one_token, kThreads, per_sm, bytes, &out->launch);
+    }
+    out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (nt == 8) return plan_mma8(sms, K, out->work_blocks, &out->launch);
+    return plan_mma<2, 8>(sms, kMmaBlocksPerSm, &out->launch);
+}
+
 }  // namespace
 
 bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
@@ -395,9 +417,12 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
     int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
     BN_TRY(bn_cuda_sm_count(device, &sms));
+    TokensLaunch launches[3] = {}; /* for 1, 8 and 16 tokens, planned when first needed */
     for (int64_t n0 = 0; n0 < N;) {
         int64_t left = N - n0;
         int nt = left == 1 || major < 8 ? 1 : left <= 8 ? 8 : 16;
+        TokensLaunch &l = launches[nt == 1 ? 0 : nt == 8 ? 1 : 2];
+        if (l.launch.kernel == nullptr) BN_TRY(plan_tokens(sms, nt, M, K, &l));
         GemvArgs a;
         a.w = reinterpret_cast<const uint4 *>(w_packed);
         a.w_scales = w_scales;
@@ -408,22 +433,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         a.M = static_cast<int>(M);
         a.K = static_cast<int>(K);
         a.n_valid = static_cast<int>(left < nt ? left : nt);
-        Launch l;
-        int64_t work_blocks;
-        if (nt == 1) {
-            size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
-            /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
-             * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
-             * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
-            work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-            const int per_sm = work_blocks <= (int64_t)sms * kWarps ? 1 : kOneTokenBlocksPerSm;
-            BN_TRY(plan(sms, gemv_one_token, kThreads, per_sm, bytes, &l));
-        } else {
-            work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-            if (nt == 8) BN_TRY(plan_mma8(sms, K, work_blocks, &l));
-            else BN_TRY((plan_mma<2, 8>(sms, kMmaBlocksPerSm, &l)));
-        }
-        BN_TRY(launch(l, work_blocks, a, s));
+        BN_TRY(launch(l.launch, l.work_blocks, a, s));
         n0 += a.n_valid;
     }
     return BITNET_OK;
