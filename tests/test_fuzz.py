@@ -21,6 +21,8 @@ from test_gemv_w2a8 import cpu_isas, float32_rule, ref_gemv
 from test_layer_glue import GATE_ATOL, GATE_TOL, ROPE_TOL, reference_relu2_gate, reference_rope
 from test_quantize import ref_codes, ref_pack, ref_quantize_a8, ref_scales
 from test_rmsnorm import RTOL as RMSNORM_RTOL, check_quantized, reference as reference_rmsnorm
+from test_rmsnorm import assert_bit_identical as assert_rmsnorm_bit_identical, check as check_rmsnorm
+from test_rmsnorm import check_gated, make_inputs as make_rmsnorm_inputs
 from test_rmsnorm import run as run_rmsnorm, run_gated, run_two_ops
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -272,13 +274,11 @@ def test_fuzz_rmsnorm(backend, data):
     ordinary = ~(nan_rows | inf_rows)
     # With eps = 0, a row whose RMS is in [2^-128, 2^-126) holds subnormal values whose products
     # v * w round on the subnormal grid, an error that 1 / RMS (up to 2^128) magnifies past the
-    # bound. Under 2^-128 the CPU normalizes the row as v * 2^64, exactly (docs/rmsnorm.md); the
-    # GPU does not yet (known bug: test_rmsnorm_of_a_subnormal_row_with_eps_0). An all-zero row
-    # is 0/0.
+    # bound. Under 2^-128 the row is normalized as v * 2^64, exactly (docs/rmsnorm.md,
+    # test_rmsnorm_of_tiny_rows_with_eps_0). An all-zero row is 0/0.
     v64 = np.nan_to_num(v.astype(np.float64), posinf=0.0, neginf=0.0)
     rms = np.sqrt(np.mean(v64 * v64, axis=1))
-    tiny_handled = (rms < 2.0**-128) & (rms > 0) & (backend == "cpu")
-    ordinary &= (rms >= 2.0**-126) | tiny_handled | (eps > 0)
+    ordinary &= (rms >= 2.0**-126) | ((rms < 2.0**-128) & (rms > 0)) | (eps > 0)
     note(f"rows: {ordinary.sum()} ordinary, {nan_rows.sum()} with NaN, {inf_rows.sum()} with inf")
     if ordinary.any():
         check_ordinary_rows(variant, {k: a[ordinary] for k, a in got.items()}, x[ordinary], weight,
@@ -531,24 +531,49 @@ def test_fuzz_add_int32(backend, data):
     np.testing.assert_array_equal(to_numpy(xb), want)
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("cpu", marks=pytest.mark.cpu),
-    pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.xfail(
-        strict=True, reason="library bug: with eps = 0 the GPU computes 1 / RMS in float32, "
-                            "which overflows to inf for an RMS under 2^-128")])])
+# With eps = 0 the CUDA backend takes its loop kernel (docs/rmsnorm.md): one element per thread
+# (H = 5, not a multiple of the 16-byte vector), vectors, wide rows (H = 40000), and more rows than
+# its grid (T = 8500 on an H100), so that blocks loop over rows. On the CPU they take the same code.
+TINY_ROW_SHAPES = [(1, 5), (3, 2560), (2, 40000), (8500, 256)]
+
+
+def with_tiny_rows(rng, a, rows):
+    """a with `rows` replaced by values of magnitude 2^-130 .. 2^-134 and random signs: an RMS
+    under 2^-128, so 1 / RMS is beyond float32 (subnormals of float32 and bfloat16)."""
+    a = a.copy()
+    shape = (len(rows), a.shape[1])
+    a[rows] = (rng.choice([-1, 1], shape) * rng.uniform(1 / 16, 1, shape) * 2.0**-130).astype(a.dtype)
+    return a
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rmsnorm_of_a_subnormal_row_with_eps_0(backend, dtype):
-    """An RMS under 2^-128 (eps = 0) has a reciprocal beyond float32: the CPU normalizes the row
-    as v times 2^64, exactly (docs/rmsnorm.md). y and the codes as for any row."""
-    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
-    x = np.array([[1.1e-40, -2e-40, 3e-41, 0.0, 7e-42]], np.float32).astype(np_dtype)
-    w = np.array([1.0, 1.5, -0.75, 2.0, 1.25], np.float32).astype(np_dtype)
-    x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    ref = x64 / np.sqrt(np.mean(x64 * x64)) * w64
-    assert np.sqrt(np.mean(x64 * x64)) < 2.0**-128
-    y = to_numpy(bn.rmsnorm(to_backend(backend, x), to_backend(backend, w), eps=0.0))
-    np.testing.assert_allclose(y.astype(np.float64), ref, rtol=RMSNORM_RTOL[dtype], atol=0)
-    y_q, scales = (to_numpy(a) for a in bn.rmsnorm_quantize(to_backend(backend, x), to_backend(backend, w), eps=0.0))
-    want_scale = 127 / np.abs(ref).max()
-    np.testing.assert_allclose(scales, [want_scale], rtol=2e-5)
-    np.testing.assert_array_equal(y_q, np.rint(ref * want_scale).astype(np.int8))  # no .5 ties here
+@pytest.mark.parametrize("variant", ["norm", "add", "quant", "add_quant_y"])
+@pytest.mark.parametrize("T,H", TINY_ROW_SHAPES)
+def test_rmsnorm_of_tiny_rows_with_eps_0(rng, backend, dtype, variant, T, H):
+    """With eps = 0, a row whose RMS is under 2^-128 has a reciprocal beyond float32: it is
+    normalized as v times 2^64, exactly (docs/rmsnorm.md). Its y, codes and scales, and the
+    ordinary rows around it, meet the bounds of any row."""
+    x, weight, residual = make_rmsnorm_inputs(rng, T, H, dtype)
+    tiny = sorted({0, T // 2, T - 1})
+    x, residual = with_tiny_rows(rng, x, tiny), with_tiny_rows(rng, residual, tiny)
+    v = x if "add" not in variant else reference_rmsnorm(x, weight, 0.0, residual)[1]
+    v64 = v[tiny].astype(np.float64)
+    assert (np.sqrt(np.mean(v64 * v64, axis=1)) < 2.0**-128).all() and (v64 != 0).any(axis=1).all()
+    got = run_rmsnorm(variant, x, weight, 0.0, residual, lambda a: to_backend(backend, a), to_numpy)
+    check_rmsnorm(variant, got, x, weight, 0.0, residual)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T,F", [(1, 5), (3, 2560), (8500, 256)])
+def test_relu2_rmsnorm_of_tiny_rows_with_eps_0(rng, backend, T, F):
+    """The gated kernels on tiny rows (relu2(gate) * up about 2^-132): bit for bit the two ops,
+    relu2_gate then rmsnorm_quantize, and within the bounds of the float64 norm."""
+    gate_up = rng.uniform(0.5, 2.0, (T, 2 * F)).astype(ml_dtypes.bfloat16)
+    tiny = sorted({0, T // 2, T - 1})
+    gate_up[tiny] = (gate_up[tiny].astype(np.float64) * 2.0**-44).astype(ml_dtypes.bfloat16)
+    weight = rng.uniform(0.5, 1.5, F).astype(ml_dtypes.bfloat16)
+    put = lambda a: to_backend(backend, a)
+    got = run_gated(gate_up, weight, 0.0, True, put, to_numpy)
+    assert_rmsnorm_bit_identical(got, run_two_ops(gate_up, weight, 0.0, True, put, to_numpy))
+    check_gated(got, gate_up, weight, 0.0)

@@ -147,8 +147,7 @@ static void norm_row(const norm_args *a, int64_t row) {
     /* Where the float32 mean square is not a normal float, 1 / RMS comes from a float64 sum. An
      * RMS under 2^-128 (only with eps = 0: a positive float32 eps is at least 2^-149) has a
      * reciprocal beyond float32: the products are then taken as (v * pre) * w with pre =
-     * TINY_ROW_SCALE, exact, and 1 / RMS is divided by pre. (The CUDA kernels do not do this
-     * yet: docs/reliability.md.) */
+     * TINY_ROW_SCALE, exact, and 1 / RMS is divided by pre (as the CUDA loop kernel does). */
     const float mean_square = sum / (float)H + a->eps;
     float r, pre = 1.0f;
     if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {

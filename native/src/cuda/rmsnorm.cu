@@ -4,7 +4,8 @@
  * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
  * vectors of 16 B, >= 64 rows per SM; 4 rows per block) or else one block per row (<= 4096
  * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
- * unaligned rows) take a loop over global memory, twice. Launched with programmatic dependent launch.
+ * unaligned rows, any call with eps = 0) take a loop over global memory, twice. Launched with
+ * programmatic dependent launch.
  * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
  * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.68 us at T = 1 and
  * 2815 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize: 3.48 and 91.35 us).
@@ -142,13 +143,20 @@ template <bool WARP_PER_ROW, typename A> __device__ __forceinline__ A row_reduce
 
 /* 1 / sqrt(mean + eps) from the float32 sum of squares; where that mean square is not a normal
  * float (the sum overflowed, or underflowed with eps too small to dominate), from a float64 sum of
- * the same values, which sum_squares64() gives (a reduction over the row's threads). */
+ * the same values, which sum_squares64() gives (a reduction over the row's threads). With eps > 0
+ * the result is at most 1 / sqrt(2^-149), a float; with eps = 0 it may not be (tiny_row_scale). */
 template <typename F>
-__device__ __forceinline__ float inverse_rms(float sum, const NormArgs &a, F sum_squares64) {
+__device__ __forceinline__ double inverse_rms(float sum, const NormArgs &a, F sum_squares64) {
     const float mean_square = sum / (float)a.cols + a.eps;
     if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) return 1.0f / sqrtf(mean_square);
-    return (float)(1.0 / sqrt(sum_squares64() / (double)a.cols + (double)a.eps));
+    return 1.0 / sqrt(sum_squares64() / (double)a.cols + (double)a.eps);
 }
+
+/* With eps = 0, a row whose RMS is under 2^-128 has 1 / RMS beyond float32. Such a row is
+ * normalized as the CPU backend does it: the products are taken as (v * 2^64) * w, exact, and
+ * 1 / RMS is divided by 2^64. Returns that pre-scale (1 for every other row). Only rmsnorm_loop
+ * applies it: launch() gives it every call with eps = 0. */
+__device__ __forceinline__ float tiny_row_scale(double r) { return r > FLT_MAX ? 0x1p64f : 1.0f; }
 
 template <typename T, int N> __device__ __forceinline__ double sum_squares64(const Pack<T, N> &v) {
     double sum = 0.0;
@@ -157,14 +165,15 @@ template <typename T, int N> __device__ __forceinline__ double sum_squares64(con
     return sum;
 }
 
-/* Adds v^2 to the sum of squares, sets p = v * w and, for the codes, takes max |p|. */
+/* Adds v^2 to the sum of squares, sets p = (v * pre) * w and, for the codes, takes max |p|. pre is
+ * 1 but for a tiny row (rmsnorm_loop). */
 template <typename T, int N, bool QUANT>
 __device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, const Pack<T, N> &w,
-                                           float (&p)[N]) {
+                                           float (&p)[N], float pre = 1.0f) {
 #pragma unroll
     for (int j = 0; j < N; j++) {
         const float f = to_float(v.e[j]);
-        p[j] = f * to_float(w.e[j]);
+        p[j] = f * pre * to_float(w.e[j]);
         acc.sum += f * f;
         if (QUANT) acc.max = fmaxf(acc.max, fabsf(p[j]));
     }
@@ -292,18 +301,28 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             accumulate<T, N, QUANT>(acc, v, load<T, N>(a.weight, i), p);
         }
         acc = row_reduce<false>(acc);
-        const float r = inverse_rms(acc.sum, a, [&] {
+        const double r64 = inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
             for (int64_t i = first; i < a.cols; i += step)
                 sum += sum_squares64(load_input<T, N, GATED>(a, v_src, row, i));
             return row_reduce<false>(sum);
         });
+        const float pre = tiny_row_scale(r64), r = (float)(r64 / pre);
+        if (pre != 1.0f) { /* the products' max again, from the scaled products */
+            SumMax tiny = {0.0f, 0.0f};
+            for (int64_t i = first; i < a.cols; i += step) {
+                float p[N];
+                accumulate<T, N, QUANT>(tiny, load_input<T, N, GATED>(a, v_src, row, i),
+                                        load<T, N>(a.weight, i), p, pre);
+            }
+            acc.max = row_reduce<false>(tiny).max;
+        }
         const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
         for (int64_t i = first; i < a.cols; i += step) {
             float p[N];
             SumMax unused = {0.0f, 0.0f};
             accumulate<T, N, false>(unused, load_input<T, N, GATED>(a, v_src, row, i),
-                                    load<T, N>(a.weight, i), p);
+                                    load<T, N>(a.weight, i), p, pre);
             write_outputs<T, N, QUANT>(a, base + i, p, r, r * scale);
         }
         if (QUANT && threadIdx.x == 0) a.y_scales[row] = scale;
@@ -346,14 +365,17 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t vectors = a.cols / N;
     void (*kernel)(NormArgs) = nullptr;
     int64_t threads = 0, grid = 0;
-    const bool warp_sized = vectorized && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
+    /* The register kernels need eps > 0, which keeps 1 / RMS a float (tiny_row_scale). Handling
+     * tiny rows there too cost up to 1 us at T = 4096 on an H100 (docs/rmsnorm.md). */
+    const bool in_registers = vectorized && a.eps > 0.0f;
+    const bool warp_sized = in_registers && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
     /* With the residual's second stream of loads, a block per row was faster at every T. */
     const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
     if (warp_per_row) {
         kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
-    } else if (vectorized && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
+    } else if (in_registers && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
         const bool narrow = warp_sized && a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * sm_count;
         int v = narrow ? 2
                        : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
