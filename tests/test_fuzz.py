@@ -11,12 +11,13 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import assume, given, note
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays
-from test_attention import TOLERANCE as ATTENTION_TOL, reference_attention
+from test_attention import TOLERANCE as ATTENTION_TOL, make_qkv as make_attention_inputs
+from test_attention import reference_attention
 from test_gemv_w2a8 import cpu_isas, float32_rule, ref_gemv
 from test_layer_glue import GATE_ATOL, GATE_TOL, ROPE_TOL, reference_relu2_gate, reference_rope
 from test_quantize import ref_codes, ref_pack, ref_quantize_a8, ref_scales
@@ -357,9 +358,6 @@ def test_fuzz_attention(backend, data):
         b, j, kvh, d = np.unravel_index(at, shape_kv)
         L = C if lens is None else lens[b]
         seen_by = [i for i in range(Sq) if j < L and (not causal or j <= L - Sq + i)]
-        # known GPU bug (test_gpu_attention_nan_in_a_masked_value_stays_out): left out here so
-        # that the rest of the GPU attention is still fuzzed
-        assume(backend == "cpu" or len(seen_by) == Sq)
     out = to_numpy(bn.attention(*(to_backend(backend, a) for a in (q, k, v)), causal=causal,
                                 scale=scale, seq_lens=lens))
     with np.errstate(invalid="ignore"):
@@ -380,25 +378,50 @@ def largest_finite(a):
     return max(float(np.abs(a[np.isfinite(a)]).max(initial=0.0)), 1e-30)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("mask", [
-    pytest.param("causal", marks=pytest.mark.xfail(
-        strict=True, reason="library bug: on the GPU a NaN value at a causally masked key leaks "
-                            "into the query's output (0 * NaN)")),
-    "seq_lens"])
-def test_gpu_attention_nan_in_a_masked_value_stays_out(mask):
-    """A key a query may not see must not reach its output, even when its value is NaN (a KV
-    cache holds whatever was written last). The CPU gets this right (tier 1 fuzz)."""
-    import torch
-    rng = np.random.default_rng(0)
-    q, k, v = (torch.from_numpy(rng.standard_normal(shape).astype(np.float16)).cuda()
-               for shape in ((1, 2, 1, 64), (1, 3, 1, 64), (1, 3, 1, 64)))
-    v[0, 2, 0, 0] = float("nan")  # key 2: seen by query 1 only (causal), or by none (seq_lens 2)
-    if mask == "causal":
-        out = bn.attention(q, k, v, causal=True)[0, 0]
-    else:
-        out = bn.attention(q, k, v, causal=False, seq_lens=[2])[0]
-    assert not torch.isnan(out).any()
+# (B, Sq, Hq, Hkv, D, C, seq_lens), each through one GPU path: the decode kernel with one split, in a
+# cluster, and with the merge kernel (64 groups); the prefill kernel with 64-row and 128-row blocks
+# (the last on the GPU only: it is large for a CPU test).
+HIDDEN_KEY_CASES = [
+    ((1, 2, 1, 1, 64, 3, None), "decode", BACKENDS),
+    ((1, 4, 20, 5, 128, 1000, None), "decode-cluster", BACKENDS),
+    ((4, 3, 16, 16, 64, 200, [200, 77, 3, 130]), "decode-merge", BACKENDS),
+    ((2, 150, 4, 2, 128, 300, [300, 151]), "prefill", BACKENDS),
+    ((1, 1100, 32, 8, 64, 1100, None), "prefill-wide", BACKENDS[1:]),
+]
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case,backend", [
+    pytest.param(case, backend.values[0], marks=backend.marks, id=f"{name}-{backend.values[0]}")
+    for case, name, backends in HIDDEN_KEY_CASES for backend in backends])
+def test_attention_nonfinite_value_at_a_causally_hidden_key(rng, case, backend, dtype, value):
+    """A KV cache holds whatever was written last: an inf or NaN value at a key the causal mask
+    hides from a query must not reach that query's output (on the GPU the P V mma would add
+    0 * NaN), while the queries that see it get a non-finite output in that column. The finite
+    outputs meet the reference with the non-finite values taken as 0."""
+    B, Sq, Hq, Hkv, D, C, lens = case
+    G = Hq // Hkv
+    q, k, v = make_attention_inputs(rng, dtype, B, Sq, Hq, Hkv, D, C)
+    seen = np.zeros(q.shape, bool)  # outputs that see a non-finite value
+    for b in range(B):
+        L = C if lens is None else lens[b]
+        first = L - Sq + 1  # keys first .. L - 1 are hidden from query 0; query i sees up to L - Sq + i
+        for j in {first, L - 1, *rng.integers(first, L, 3).tolist()}:
+            kvh, d = rng.integers(Hkv), rng.integers(D)
+            v[b, j, kvh, d] = value
+            seen[b, j - first + 1:, kvh * G:(kvh + 1) * G, d] = True
+    out = to_backend(backend, np.full(q.shape, 1000, q.dtype))  # poison: finite, far from any output
+    bn.attention(*(to_backend(backend, a) for a in (q, k, v)), causal=True, seq_lens=lens, out=out)
+    out = to_numpy(out).astype(np.float64)
+    assert np.isfinite(out[~seen]).all(), "a hidden non-finite value reached a query"
+    assert not np.isfinite(out[seen]).any(), "a visible non-finite value was lost"
+    rows = np.unique(np.r_[0, 1, Sq - 2, Sq - 1, rng.integers(0, Sq, 12)]) if Sq > 4 else None
+    finite_v = np.where(np.isfinite(v), v, 0).astype(np.float64)
+    ref = reference_attention(q, k, finite_v, True, None, lens, rows)
+    take = ~seen & ~np.isnan(ref)
+    err = np.abs(out[take] - ref[take]).max()
+    assert err <= ATTENTION_TOL[dtype] * np.abs(finite_v).max(), f"max error {err:.3g}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

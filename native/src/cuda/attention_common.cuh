@@ -132,6 +132,61 @@ __device__ __forceinline__ void online_softmax_step(const float (&tile_max)[2], 
     }
 }
 
+/* Whether a packed pair of T holds an inf or NaN (all exponent bits set in either half). */
+__device__ __forceinline__ bool pair_nonfinite(uint32_t pair, __nv_bfloat16) {
+    return (pair & 0x7f80u) == 0x7f80u || (pair & 0x7f800000u) == 0x7f800000u;
+}
+__device__ __forceinline__ bool pair_nonfinite(uint32_t pair, __half) {
+    return (pair & 0x7c00u) == 0x7c00u || (pair & 0x7c000000u) == 0x7c000000u;
+}
+
+/* Whether any of the chunks this thread copied into a tile of ROWS swizzled rows holds an inf or
+ * NaN. The tile loaders give thread i chunks i, i + THREADS, ... of a tile, so after cp_async_wait
+ * the thread sees them without a barrier, and a __syncthreads_or of the results covers the tile. */
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ bool copied_chunks_nonfinite(const uint4 (*tile)[D / 8]) {
+    constexpr int kChunks = D / 8;
+    bool found = false;
+    for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
+        const int row = i / kChunks;
+        const uint4 chunk = tile[row][swizzle(row, i % kChunks)];
+        found |= pair_nonfinite(chunk.x, T()) || pair_nonfinite(chunk.y, T()) ||
+                 pair_nonfinite(chunk.z, T()) || pair_nonfinite(chunk.w, T());
+    }
+    return found;
+}
+
+/* The P V mma adds 0 * v for a key the causal mask hides from a row, which is NaN where v is inf or
+ * NaN. A block whose tiles hold such a value at a hidden key redoes its rows with this instead
+ * (slow; rare): one query row against keys [key_begin, key_end) of one KV head (row stride
+ * `stride`), all visible, in scalar code on one warp. Lane i gets columns [i D / 32, (i + 1) D / 32)
+ * of the unnormalized output o, and every lane the row's max m (log2 domain, as the mma loops keep
+ * it) and sum l. */
+template <typename T, int D>
+__device__ void attend_row(const T *q_row, const T *k, const T *v, int64_t stride, int key_begin,
+                           int key_end, float scale_log2, float (&o)[D / 32], float &m, float &l) {
+    constexpr int kCols = D / 32;
+    const int lane = threadIdx.x % 32;
+    float qf[kCols], kf[kCols], vf[kCols];
+    unpack_dims<T, kCols>(q_row, lane, qf);
+#pragma unroll
+    for (int i = 0; i < kCols; i++) o[i] = 0.0f;
+    m = -INFINITY, l = 0.0f;
+    for (int key = key_begin; key < key_end; key++) {
+        unpack_dims<T, kCols>(k + key * stride, lane, kf);
+        unpack_dims<T, kCols>(v + key * stride, lane, vf);
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kCols; i++) dot += qf[i] * kf[i];
+        const float score = warp_sum(dot) * scale_log2, m_new = fmaxf(m, score);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;
+        const float rescale = exp2f(m - base), p = exp2f(score - base);
+        m = m_new, l = l * rescale + p;
+#pragma unroll
+        for (int i = 0; i < kCols; i++) o[i] = o[i] * rescale + p * vf[i];
+    }
+}
+
 /* P = exp2(s - base) of one 8-key accumulator tile, added to the running sums, as the two A-fragment
  * registers of the P V product: rows g (lo) and g + 8 (hi). */
 template <typename T>

@@ -143,6 +143,27 @@ __device__ void cluster_merge(const ClusterPartial<D> &partial, int rank, int sp
 #endif
 }
 
+/* See attend_row: warp w's slots of the block's combine redone over quarter w of its keys
+ * [key_begin, key_end) (out of line, so that its registers stay out of the key loop's). */
+template <typename T, int D, typename OutRow>
+__device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T *v_head, int64_t stride,
+                                            DecodeCombine<D> &combine, int rows, int row0, int group,
+                                            int Sq, int L, int causal, int key_begin, int key_end,
+                                            float scale_log2, OutRow out_row) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp_keys = (key_end - key_begin + kWarps - 1) / kWarps;
+    const int warp_begin = key_begin + warp * warp_keys;
+    for (int r = 0; r < rows; r++) {
+        const int last_key = causal ? L - Sq + (row0 + r) / group : L - 1;
+        float o_row[D / 32];
+        attend_row<T, D>(q + out_row(r) * D, k_head, v_head, stride, warp_begin,
+                         min(min(key_end, warp_begin + warp_keys), last_key + 1), scale_log2, o_row,
+                         combine.m[warp][r], combine.l[warp][r]);
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) combine.o[warp][r][lane * (D / 32) + i] = o_row[i];
+    }
+}
+
 /* Block (split, KV head + row block, sequence). Row r of the block is query row row0 + r of its KV
  * head: token (row0 + r) / G, head kvh * G + (row0 + r) % G. Warp w computes, for every 64-key
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
@@ -213,6 +234,10 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     for (int half = 0; half < 2; half++)
         last_key[half] = causal ? L - Sq + (row0 + g + 8 * half) / group : L - 1;
 
+    /* Keys after the block's first row's last key are hidden from some of its rows. */
+    const int first_row_last_key = causal ? L - Sq + row0 / group : L - 1;
+    bool hidden_nonfinite_v = false; /* an inf or NaN value at a hidden key: see attend_row */
+
     uint32_t qf[D / 16][4];
     float o[kDimTiles][4] = {};
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
@@ -226,7 +251,11 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         }
         cp_async_commit();
         cp_async_wait<kStageCount - 1>();
-        __syncthreads();
+        if (first_row_last_key < L - 1 && (tile + 1) * kTileKeys - 1 > first_row_last_key)
+            hidden_nonfinite_v |= __syncthreads_or(
+                copied_chunks_nonfinite<T, D, kTileKeys, kThreads>(sm.v[stage]));
+        else
+            __syncthreads();
         if (tile == tile_begin) {
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
@@ -298,6 +327,11 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         for (int dt = 0; dt < kDimTiles; dt++)
             *reinterpret_cast<float2 *>(&combine.o[warp][r][dt * 8 + 2 * t]) =
                 make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
+    }
+    if (hidden_nonfinite_v) {
+        __syncwarp(); /* after the lanes' writes above */
+        redo_warp_rows<T, D>(q, k_head, v_head, stride, combine, rows, row0, group, Sq, L, causal,
+                             tile_begin * kTileKeys, min(L, tile_end * kTileKeys), scale_log2, out_row);
     }
     __syncthreads();
 #pragma unroll 4

@@ -43,6 +43,23 @@ __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int
     }
 }
 
+/* Query rows [row_begin, row_end) redone by the calling warp with attend_row and written to out
+ * (out of line, so that its registers stay out of the key loop's). */
+template <typename T, int D>
+__device__ __noinline__ void redo_rows(const T *q_base, const T *k_base, const T *v_base, int64_t q_stride,
+                                       int64_t kv_stride, int row_begin, int row_end, int keys,
+                                       int offset, float scale_log2, T *out_base) {
+    const int lane = threadIdx.x % 32;
+    for (int row = row_begin; row < row_end; row++) {
+        float o_row[D / 32], m, l;
+        attend_row<T, D>(q_base + row * q_stride, k_base, v_base, kv_stride, 0,
+                         min(keys, offset + row + 1), scale_log2, o_row, m, l);
+#pragma unroll
+        for (int i = 0; i < D / 32; i++)
+            out_base[row * q_stride + lane * (D / 32) + i] = from_float<T>(o_row[i] / l);
+    }
+}
+
 /* Fragment coordinates (PTX m16n8k16): lane = 4 * g + t holds accumulator rows g and g + 8, columns
  * 2t and 2t + 1 of each 8-wide n tile. Warp w owns query rows 16 (ROW_TILES w + mi) + (g, g + 8),
  * mi < ROW_TILES. */
@@ -76,8 +93,8 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     const T *k_base = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_base = v + ((int64_t)b * C * Hkv + kvh) * D;
 
-    load_rows<T, D, kBlockM>(sm.q, q + ((int64_t)b * Sq * Hq + h) * D + (int64_t)m0 * q_stride,
-                             q_stride, 0, Sq - m0);
+    const T *q_base = q + ((int64_t)b * Sq * Hq + h) * D;
+    load_rows<T, D, kBlockM>(sm.q, q_base + (int64_t)m0 * q_stride, q_stride, 0, Sq - m0);
     for (int j = 0; j < kStages - 1; j++) { /* group j holds tile j (group 0 also q) */
         if (j < key_tiles) {
             load_rows<T, D, kBlockN>(sm.k[j], k_base, kv_stride, j * kBlockN, keys);
@@ -92,6 +109,7 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     for (int mi = 0; mi < kRowTiles; mi++)
         m_run[mi][0] = m_run[mi][1] = -INFINITY, l_run[mi][0] = l_run[mi][1] = 0.0f;
     const int warp_row0 = warp * 16 * kRowTiles; /* within the block */
+    bool hidden_nonfinite_v = false; /* an inf or NaN value at a hidden key: see attend_row */
 
     for (int j = 0; j < key_tiles; j++) {
         const int stage = j % kStages, ahead = j + kStages - 1;
@@ -101,7 +119,14 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
         }
         cp_async_commit();
         cp_async_wait<kStages - 1>();
-        __syncthreads();
+        const int key0 = j * kBlockN;
+        /* Keys past the block's first row's diagonal are hidden from some of its rows. */
+        const bool hides_keys = causal && key0 + kBlockN - 1 > offset + m0;
+        if (hides_keys)
+            hidden_nonfinite_v |= __syncthreads_or(
+                copied_chunks_nonfinite<T, D, kBlockN, kThreads>(sm.v[stage]));
+        else
+            __syncthreads();
 
         /* S = Q K^T; q fragments come from shared memory (registers go to the two row tiles). */
         float s[kRowTiles][kKeyTiles][4] = {};
@@ -126,9 +151,8 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
             }
         }
 
-        const int key0 = j * kBlockN;
         /* Masking is needed only where the tile reaches past L or past the first row's diagonal. */
-        const bool masked = key0 + kBlockN > L || (causal && key0 + kBlockN - 1 > offset + m0);
+        const bool masked = key0 + kBlockN > L || hides_keys;
         uint32_t pf[kRowTiles][kKeyTiles / 2][4];
 #pragma unroll
         for (int mi = 0; mi < kRowTiles; mi++) {
@@ -179,6 +203,11 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
         __syncthreads(); /* the stage is refilled next iteration */
     }
     cp_async_wait<0>();
+    if (hidden_nonfinite_v) { /* see attend_row */
+        redo_rows<T, D>(q_base, k_base, v_base, q_stride, kv_stride, m0 + warp_row0,
+                        min(Sq, m0 + warp_row0 + 16 * kRowTiles), keys, offset, scale_log2, out_base);
+        return;
+    }
 
 #pragma unroll
     for (int mi = 0; mi < kRowTiles; mi++) {
