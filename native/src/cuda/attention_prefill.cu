@@ -6,8 +6,9 @@
  * double-buffered in shared memory (cp.async, XOR-swizzled for ldmatrix), 2 blocks per SM; online
  * softmax in f32, P rounded to the input dtype for the P V product. Grids of 128-row tiles that
  * would fill fewer than 2 blocks per SM (short prompts) take 64-row tiles, 16 rows per warp.
+ * Diagonal tiles are scanned for inf and NaN values at hidden keys (see attend_row).
  * FLOPs (causal): 2 L^2 D H.
- * H100, bf16, 20/5 heads, d = 128: 139 TFLOP/s at L = 1024 (64-row tiles), 258 at 4096, 292 at
+ * H100, bf16, 20/5 heads, d = 128: 138 TFLOP/s at L = 1024 (64-row tiles), 254 at 4096, 291 at
  * 16384 (docs/attention.md). */
 #include "attention_common.cuh"
 
