@@ -398,8 +398,9 @@ HIDDEN_KEY_CASES = [
 def test_attention_nonfinite_value_at_a_causally_hidden_key(rng, case, backend, dtype, value):
     """A KV cache holds whatever was written last: an inf or NaN value at a key the causal mask
     hides from a query must not reach that query's output (on the GPU the P V mma would add
-    0 * NaN), while the queries that see it get a non-finite output in that column. The finite
-    outputs meet the reference with the non-finite values taken as 0."""
+    0 * NaN), while the queries that see it get a non-finite output in that column. Keys past
+    seq_len (here with inf or NaN in k and v) reach no query. The finite outputs meet the
+    reference with the non-finite values taken as 0."""
     B, Sq, Hq, Hkv, D, C, lens = case
     G = Hq // Hkv
     q, k, v = make_attention_inputs(rng, dtype, B, Sq, Hq, Hkv, D, C)
@@ -411,6 +412,9 @@ def test_attention_nonfinite_value_at_a_causally_hidden_key(rng, case, backend, 
             kvh, d = rng.integers(Hkv), rng.integers(D)
             v[b, j, kvh, d] = value
             seen[b, j - first + 1:, kvh * G:(kvh + 1) * G, d] = True
+        if L < C:  # past the sequence's end
+            for a in (k, v):
+                a[b, L + rng.integers(C - L), rng.integers(Hkv), rng.integers(D)] = value
     out = to_backend(backend, np.full(q.shape, 1000, q.dtype))  # poison: finite, far from any output
     bn.attention(*(to_backend(backend, a) for a in (q, k, v)), causal=True, seq_lens=lens, out=out)
     out = to_numpy(out).astype(np.float64)
@@ -418,7 +422,7 @@ def test_attention_nonfinite_value_at_a_causally_hidden_key(rng, case, backend, 
     assert not np.isfinite(out[seen]).any(), "a visible non-finite value was lost"
     rows = np.unique(np.r_[0, 1, Sq - 2, Sq - 1, rng.integers(0, Sq, 12)]) if Sq > 4 else None
     finite_v = np.where(np.isfinite(v), v, 0).astype(np.float64)
-    ref = reference_attention(q, k, finite_v, True, None, lens, rows)
+    ref = reference_attention(q, np.where(np.isfinite(k), k, 0), finite_v, True, None, lens, rows)
     take = ~seen & ~np.isnan(ref)
     err = np.abs(out[take] - ref[take]).max()
     assert err <= ATTENTION_TOL[dtype] * np.abs(finite_v).max(), f"max error {err:.3g}"
