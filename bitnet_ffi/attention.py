@@ -15,7 +15,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     ``out[b, i, h] = sum_j softmax_j(q[b, i, h] . k[b, j, h // G] * scale + mask[i, j]) v[b, j, h // G]``
     with ``G = Hq // Hkv`` and keys ``j < L = seq_lens[b]`` (all C when seq_lens is None). The Sq
     queries are the last Sq positions of their sequence: with ``causal=True`` query i sees keys
-    ``0 .. L - Sq + i`` (FlashAttention's kv-cache convention; Sq = L is causal prefill).
+    ``0 .. L - Sq + i`` (FlashAttention's kv-cache convention; Sq = L is causal prefill). A key
+    that a query does not see never reaches its output, even where k or v hold inf or NaN there.
 
     Parameters
     ----------

@@ -184,7 +184,8 @@ bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int
  *   out[b,i,h,:] = sum_j softmax_j(q[b,i,h,:] . k[b,j,h/G,:] * scale + mask[i,j]) v[b,j,h/G,:]
  * with G = Hq / Hkv query heads per KV head and keys j < L = seq_lens[b] (all C when seq_lens is
  * NULL). The Sq queries are the last Sq positions of their sequence: with causal = 1, query i sees
- * keys 0 .. L - Sq + i (FlashAttention's kv-cache convention; Sq = L = C is causal prefill).
+ * keys 0 .. L - Sq + i (FlashAttention's kv-cache convention; Sq = L = C is causal prefill). A key
+ * that a query does not see never reaches its output, even where k or v hold inf or NaN there.
  * dtype: float16 or bfloat16 (float32 too on the CPU), the same for q, k, v and out. D: 64 or 128.
  * scale: 0 means 1 / sqrt(D). seq_lens: int32 in the op's memory; each must lie in [Sq, C] (causal)
  * or [1, C]. On the CPU they are checked; on a GPU they are not read by the host: a sequence whose
