@@ -1,22 +1,35 @@
 /* CPU attention: for each (sequence, KV head, query), the G query heads of the group stream once over
- * the keys with an online softmax in float32: per key, s = q.k * scale; m' = max(m, s);
- * acc = acc * e^(m - m') + e^(s - m') v; l likewise; out = acc / l. Each K and V row is converted to
- * float once for the whole group. OpenMP over (sequence, KV head, query). */
+ * the keys, KEY_BLOCK at a time, with an online softmax in float32: per block, s_j = q.k_j * scale;
+ * m' = max(m, max_j s_j); acc = acc * e^(m - m') + sum_j e^(s_j - m') v_j; l likewise;
+ * out = acc / l. Each block's K and V rows are converted to float once for the whole group, and
+ * the dot products keep 8 partial sums, so that the compiler vectorizes them. OpenMP over
+ * (sequence, KV head, query). */
 #include <math.h>
 #include <stdlib.h>
 
 #include "../internal.h"
 
+enum { KEY_BLOCK = 32 };
+
 static void load_row(const void *src, int32_t dtype, int64_t offset, int64_t n, float *dst) {
     for (int64_t i = 0; i < n; i++) dst[i] = bn_load_float(src, dtype, offset + i);
+}
+
+/* a . b over n elements, n a multiple of 8 (D = 64 or 128). */
+static float dot(const float *a, const float *b, int64_t n) {
+    float part[8] = {0.0f};
+    for (int64_t d = 0; d < n; d += 8)
+        for (int u = 0; u < 8; u++) part[u] += a[d + u] * b[d + u];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
 bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
                                int64_t D, const void *q, const void *k, const void *v, int64_t C,
                                const int32_t *seq_lens, int32_t causal, float scale, void *out) {
     int64_t G = Hq / Hkv;
-    /* Per task: G query rows, G accumulators, G running maxima and sums, one K and one V row. */
-    int64_t floats_per_task = 2 * G * D + 2 * G + 2 * D;
+    /* Per task: G query rows, G accumulators, G running maxima and sums, a block of K and V rows and
+     * the G rows of its scores. */
+    int64_t floats_per_task = 2 * G * D + 2 * G + 2 * KEY_BLOCK * D + G * KEY_BLOCK;
     int64_t tasks = B * Hkv * Sq;
     int failed = 0;
 
@@ -29,9 +42,9 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
             if (!buffer) continue;
             int64_t b = task / (Hkv * Sq), kvh = task / Sq % Hkv, i = task % Sq;
             float *qf = buffer, *acc = qf + G * D, *m = acc + G * D, *l = m + G;
-            float *kf = l + G, *vf = kf + D;
+            float *kf = l + G, *vf = kf + KEY_BLOCK * D, *s = vf + KEY_BLOCK * D;
             int64_t L = seq_lens ? seq_lens[b] : C;
-            int64_t last_key = causal ? L - Sq + i : L - 1;
+            int64_t keys = causal ? L - Sq + i + 1 : L;
             int64_t q_row = ((b * Sq + i) * Hq + kvh * G) * D; /* the G heads are contiguous */
             load_row(q, dtype, q_row, G * D, qf);
             for (int64_t g = 0; g < G; g++) {
@@ -40,20 +53,30 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
             }
             for (int64_t x = 0; x < G * D; x++) acc[x] = 0.0f;
 
-            for (int64_t j = 0; j <= last_key; j++) {
-                int64_t kv_row = ((b * C + j) * Hkv + kvh) * D;
-                load_row(k, dtype, kv_row, D, kf);
-                load_row(v, dtype, kv_row, D, vf);
+            for (int64_t j0 = 0; j0 < keys; j0 += KEY_BLOCK) {
+                int64_t n = keys - j0 < KEY_BLOCK ? keys - j0 : KEY_BLOCK;
+                for (int64_t t = 0; t < n; t++) {
+                    int64_t kv_row = ((b * C + j0 + t) * Hkv + kvh) * D;
+                    load_row(k, dtype, kv_row, D, kf + t * D);
+                    load_row(v, dtype, kv_row, D, vf + t * D);
+                }
                 for (int64_t g = 0; g < G; g++) {
-                    const float *qg = qf + g * D;
-                    float *ag = acc + g * D;
-                    float s = 0.0f;
-                    for (int64_t d = 0; d < D; d++) s += qg[d] * kf[d];
-                    s *= scale;
-                    float m_new = s > m[g] ? s : m[g];
-                    float rescale = expf(m[g] - m_new), p = expf(s - m_new);
-                    for (int64_t d = 0; d < D; d++) ag[d] = ag[d] * rescale + p * vf[d];
-                    l[g] = l[g] * rescale + p;
+                    float *sg = s + g * KEY_BLOCK, *ag = acc + g * D;
+                    float block_max = -INFINITY; /* a NaN score is left out here, and makes p NaN */
+                    for (int64_t t = 0; t < n; t++) {
+                        sg[t] = dot(qf + g * D, kf + t * D, D) * scale;
+                        block_max = sg[t] > block_max ? sg[t] : block_max;
+                    }
+                    float m_new = block_max > m[g] ? block_max : m[g];
+                    float rescale = expf(m[g] - m_new);
+                    l[g] *= rescale;
+                    for (int64_t d = 0; d < D; d++) ag[d] *= rescale;
+                    for (int64_t t = 0; t < n; t++) {
+                        float p = expf(sg[t] - m_new);
+                        const float *vt = vf + t * D;
+                        l[g] += p;
+                        for (int64_t d = 0; d < D; d++) ag[d] += p * vt[d];
+                    }
                     m[g] = m_new;
                 }
             }
