@@ -90,6 +90,26 @@ def test_cpu_ragged_seq_lens_scale_and_large_scores(rng, causal):
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("B,Sq,lens", [(2, 1, [2000, 37]), (1, 2, None)])
+def test_cpu_long_context_split_over_threads(rng, dtype, causal, B, Sq, lens):
+    """Two (sequence, KV head, query) tasks over a long context: the CPU splits each task's keys
+    into ranges (at least 2, with any number of threads) and merges them (cpu/attention.c); the
+    short sequence leaves some ranges empty."""
+    Hq, Hkv, D, C = 4, 1, 64, 2000
+    q, k, v = make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=3.0)
+    out = poisoned(q.shape, dtype)
+    bitnet_ffi.attention(q, k, v, causal=causal, seq_lens=lens, out=out)
+    assert_close(out, reference_attention(q, k, v, causal, None, lens), v, dtype)
+    # a NaN value at key 1500 (a later range of sequence 0) reaches exactly its column there
+    v[0, 1500, 0, 5] = np.nan
+    bitnet_ffi.attention(q, k, v, causal=causal, seq_lens=lens, out=out)
+    nan = np.isnan(out.astype(np.float32))
+    assert nan[0, :, :, 5].all() and nan.sum() == Sq * Hq
+
+
+@pytest.mark.cpu
 def test_cpu_non_causal_decode_ignores_keys_past_seq_len(rng):
     q, k, v = make_qkv(rng, "bfloat16", 2, 1, 20, 5, 128, 40)
     first = bitnet_ffi.attention(q, k, v, causal=False, seq_lens=np.array([11, 40]))
