@@ -221,7 +221,8 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
 
 
 def cpu_isa():
-    """The CPU SIMD path the ternary ops use: "portable", "avx2" or "avx512-vnni"."""
+    """The CPU SIMD path the ternary ops and attention use: "portable", "avx2" or "avx512-vnni"
+    (attention runs its AVX2 code on that last one)."""
     isa = _ffi.ffi.new("int32_t *")
     _ffi.call("cpu_get_isa", isa)
     return CPU_ISAS[isa[0]]

@@ -8,6 +8,7 @@ import pytest
 import bitnet_ffi
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
+from test_gemv_w2a8 import isa  # noqa: F401 (fixture: each CPU SIMD path this machine runs)
 
 
 def reference_attention(q, k, v, causal=True, scale=None, seq_lens=None, rows=None):
@@ -71,7 +72,7 @@ CPU_CASES = [  # (B, Sq, Hq, Hkv, D, C)
 @pytest.mark.cpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", CPU_CASES)
-def test_cpu_matches_reference(rng, dtype, case):
+def test_cpu_matches_reference(rng, dtype, case, isa):
     B, Sq, Hq, Hkv, D, C = case
     q, k, v = make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C)
     out = poisoned(q.shape, dtype)
@@ -93,7 +94,7 @@ def test_cpu_ragged_seq_lens_scale_and_large_scores(rng, causal):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("B,Sq,lens", [(2, 1, [2000, 37]), (1, 2, None)])
-def test_cpu_long_context_split_over_threads(rng, dtype, causal, B, Sq, lens):
+def test_cpu_long_context_split_over_threads(rng, dtype, causal, B, Sq, lens, isa):
     """Two (sequence, KV head, query) tasks over a long context: the CPU splits each task's keys
     into ranges (at least 2, with any number of threads) and merges them (cpu/attention.c); the
     short sequence leaves some ranges empty."""

@@ -331,10 +331,11 @@ def test_fuzz_relu2_rmsnorm(backend, data):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
-def test_fuzz_attention(backend, data):
+def test_fuzz_attention(backend, data, cpu_isa_reset):
     """Against the float64 reference (test_attention's bound, relative to max |v|). A NaN in q, k
     or v makes exactly the outputs that depend on it NaN, as in the reference: a query's head row
     for q, the head rows that see the key for k, one column of them for v."""
+    choose_isa(data, backend)
     dtype = data.draw(st.sampled_from(float_dtypes(backend, True)), label="dtype")
     B, Sq = data.draw(st.integers(1, 3), label="B"), data.draw(st.integers(1, 5), label="Sq")
     Hkv, G = data.draw(st.integers(1, 3), label="Hkv"), data.draw(st.integers(1, 4), label="G")

@@ -140,8 +140,9 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed /* [M, K/
                                const int8_t *x_q /* [N, K] */, const float *x_scales /* [N] */,
                                int64_t N, void *y /* [N, M] */, int32_t y_dtype, void *stream);
 
-/* The CPU SIMD path of the ternary ops: 0 auto (the best this CPU runs), 1 portable C, 2 AVX2,
- * 3 AVX-512 VNNI. Choosing a path this CPU cannot run is BITNET_ERR_UNSUPPORTED. Process-wide. */
+/* The CPU SIMD path of the ternary ops and attention: 0 auto (the best this CPU runs), 1 portable
+ * C, 2 AVX2, 3 AVX-512 VNNI (attention takes its AVX2 code there). Choosing a path this CPU cannot
+ * run is BITNET_ERR_UNSUPPORTED. Process-wide. */
 bitnet_status bitnet_cpu_set_isa(int32_t isa);
 /* The path in use (1, 2 or 3; never 0). */
 bitnet_status bitnet_cpu_get_isa(int32_t *isa);

@@ -4,7 +4,10 @@
  * l likewise; and at the end out = acc / l. Each block's K and V rows are converted to float once
  * for the whole group, and the dot products keep 8 partial sums, so that the compiler vectorizes
  * them. OpenMP over (sequence, KV head, query) tasks; where they are too few for the threads
- * (decode of one sequence), over contiguous key ranges of them too, merged at the end. */
+ * (decode of one sequence), over contiguous key ranges of them too, merged at the end. The block
+ * loop is compiled twice: portable C (SSE2 on x86-64) and AVX2 + FMA, which the vectorizer widens;
+ * bn_cpu_isa()'s AVX2 and AVX-512 paths both take the second (an AVX-512 copy of the same C ran
+ * at half the speed of the portable one on a 2-core AVX-512 VNNI machine). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -18,12 +21,15 @@ enum {
     ITEMS_PER_THREAD = 4, /* to give each thread about this many pieces of work */
 };
 
-static void load_row(const void *src, int32_t dtype, int64_t offset, int64_t n, float *dst) {
+/* Inlined into each path's copy of attend, so compiled for its instruction set. */
+#define PATH_INLINE static inline __attribute__((always_inline))
+
+PATH_INLINE void load_row(const void *src, int32_t dtype, int64_t offset, int64_t n, float *dst) {
     for (int64_t i = 0; i < n; i++) dst[i] = bn_load_float(src, dtype, offset + i);
 }
 
 /* a . b over n elements, n a multiple of 8 (D = 64 or 128). */
-static float dot(const float *a, const float *b, int64_t n) {
+PATH_INLINE float dot(const float *a, const float *b, int64_t n) {
     float part[8] = {0.0f};
     for (int64_t d = 0; d < n; d += 8)
         for (int u = 0; u < 8; u++) part[u] += a[d + u] * b[d + u];
@@ -35,9 +41,10 @@ static float dot(const float *a, const float *b, int64_t n) {
 /* The online softmax of G query rows qf [G, D] over keys [key_begin, key_end) of one KV head, whose
  * key j sits at element `head + j * stride` of k and v: acc [G, D] (unnormalized), m and l [G].
  * kf, vf: room for KEY_BLOCK rows each; s: for G * KEY_BLOCK scores. */
-static void attend(const float *qf, int64_t G, int64_t D, int32_t dtype, const void *k,
-                   const void *v, int64_t head, int64_t stride, int64_t key_begin, int64_t key_end,
-                   float scale, float *kf, float *vf, float *s, float *acc, float *m, float *l) {
+PATH_INLINE void attend(const float *qf, int64_t G, int64_t D, int32_t dtype, const void *k,
+                        const void *v, int64_t head, int64_t stride, int64_t key_begin,
+                        int64_t key_end, float scale, float *kf, float *vf, float *s, float *acc,
+                        float *m, float *l) {
     for (int64_t g = 0; g < G; g++) {
         m[g] = -INFINITY;
         l[g] = 0.0f;
@@ -71,6 +78,17 @@ static void attend(const float *qf, int64_t G, int64_t D, int32_t dtype, const v
     }
 }
 
+#define ATTEND_PATH(name, target)                                                                 \
+    target static void name(const float *qf, int64_t G, int64_t D, int32_t dtype, const void *k,  \
+                            const void *v, int64_t head, int64_t stride, int64_t key_begin,       \
+                            int64_t key_end, float scale, float *kf, float *vf, float *s,         \
+                            float *acc, float *m, float *l) {                                     \
+        attend(qf, G, D, dtype, k, v, head, stride, key_begin, key_end, scale, kf, vf, s, acc, m, \
+               l);                                                                                \
+    }
+ATTEND_PATH(attend_portable, )
+ATTEND_PATH(attend_avx2, __attribute__((target("avx2,fma"))))
+
 /* How many key ranges each task's keys are split into (1: none). */
 static int64_t key_splits(int64_t tasks, int64_t C) {
     int64_t want = ((int64_t)omp_get_max_threads() * ITEMS_PER_THREAD + tasks - 1) / tasks;
@@ -86,6 +104,10 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
      * and the G rows of its scores. */
     int64_t floats_per_item = 2 * G * D + 2 * G + 2 * KEY_BLOCK * D + G * KEY_BLOCK;
     int64_t tasks = B * Hkv * Sq, splits = key_splits(tasks, C);
+    void (*attend_path)(const float *, int64_t, int64_t, int32_t, const void *, const void *,
+                        int64_t, int64_t, int64_t, int64_t, float, float *, float *, float *,
+                        float *, float *, float *) =
+        bn_cpu_isa() == BN_ISA_PORTABLE ? attend_portable : attend_avx2;
     /* With splits, item (task, split) leaves acc [G, D], m [G] and l [G] here for the merge. */
     int64_t partial_floats = G * (D + 2);
     float *partials = NULL;
@@ -116,8 +138,8 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
             int64_t end = begin + per_split < keys ? begin + per_split : keys;
             int64_t q_row = ((b * Sq + i) * Hq + kvh * G) * D; /* the G heads are contiguous */
             load_row(q, dtype, q_row, G * D, qf);
-            attend(qf, G, D, dtype, k, v, (b * C * Hkv + kvh) * D, Hkv * D, begin, end, scale, kf,
-                   vf, s, acc, m, l);
+            attend_path(qf, G, D, dtype, k, v, (b * C * Hkv + kvh) * D, Hkv * D, begin, end, scale,
+                        kf, vf, s, acc, m, l);
             if (splits > 1) {
                 float *partial = partials + item * partial_floats;
                 memcpy(partial, acc, (size_t)(G * D) * sizeof(float));
