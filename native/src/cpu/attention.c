@@ -104,9 +104,7 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
      * and the G rows of its scores. */
     int64_t floats_per_item = 2 * G * D + 2 * G + 2 * KEY_BLOCK * D + G * KEY_BLOCK;
     int64_t tasks = B * Hkv * Sq, splits = key_splits(tasks, C);
-    void (*attend_path)(const float *, int64_t, int64_t, int32_t, const void *, const void *,
-                        int64_t, int64_t, int64_t, int64_t, float, float *, float *, float *,
-                        float *, float *, float *) =
+    __typeof__(attend_portable) *attend_path =
         bn_cpu_isa() == BN_ISA_PORTABLE ? attend_portable : attend_avx2;
     /* With splits, item (task, split) leaves acc [G, D], m [G] and l [G] here for the merge. */
     int64_t partial_floats = G * (D + 2);
