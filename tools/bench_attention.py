@@ -7,15 +7,21 @@ TFLOP/s from 2 * L^2 * D * H causal FLOPs. Every figure is the median over 7 rep
 of `--calls` calls, rotating through input sets totalling >= 512 MiB so L2 (50 MiB) is cold.
 
     python tools/bench_attention.py [--json results.json] [--quick]
+
+CPU (--cpu): the same heads, causal, bf16 and float32, on every CPU SIMD path this machine runs,
+side by side with a float32 numpy implementation (einsum, softmax); GB/s counts the K and V bytes
+of the keys seen, against a numpy sum over 1 GiB measured in the same run. Median of 3 calls.
+
+    python tools/bench_attention.py --cpu [--json results.json]
 """
 import argparse
 import json
 import math
 
-import torch
-import torch.nn.functional as F
+import numpy as np
 
 import bitnet_ffi
+from cpu_bench import memory_bandwidths, time_s
 from gpu_bench import graph_time_us, read_bandwidth_gbps
 from report import attention_markdown
 
@@ -26,6 +32,8 @@ PREFILL_CASES = [1024, 4096, 16384]
 
 
 def bench_decode(B, L, calls, read_bw):
+    import torch
+    import torch.nn.functional as F
     kv_bytes = 2 * B * L * HKV * D * 2
     n_sets = max(1, math.ceil(ROTATE_BYTES / kv_bytes))
     ours, theirs = [], []
@@ -60,6 +68,8 @@ def bench_decode(B, L, calls, read_bw):
 
 
 def bench_prefill(L, calls):
+    import torch
+    import torch.nn.functional as F
     set_bytes = L * (HQ + 2 * HKV) * D * 2
     n_sets = max(2, min(8, math.ceil(ROTATE_BYTES / set_bytes)))
     ours, theirs = [], []
@@ -89,13 +99,69 @@ def bench_prefill(L, calls):
                 torch_tflops=flops / us_torch / 1e6, max_abs_diff_vs_torch=err)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--calls", type=int, default=50, help="calls per CUDA graph")
-    parser.add_argument("--quick", action="store_true", help="skip the largest cases")
-    parser.add_argument("--only", choices=("decode", "prefill"), help="run one kind of case")
-    args = parser.parse_args()
+CPU_CASES = [(1, 1, 4096), (8, 1, 4096), (1, 1, 32768), (1, 512, 512)]  # (B, Sq, L)
+
+
+def numpy_attention(q, k, v):
+    """Causal attention in float32 numpy, the queries the last Sq positions (the anchor)."""
+    B, Sq, Hq, _ = q.shape
+    L, G = k.shape[1], Hq // k.shape[2]
+    out = np.empty(q.shape, np.float32)
+    hidden = np.arange(L)[None, :] > (L - Sq + np.arange(Sq))[:, None]
+    for b in range(B):
+        kb, vb = (np.repeat(x[b].astype(np.float32), G, axis=1) for x in (k, v))
+        s = np.einsum("ihd,jhd->hij", q[b].astype(np.float32), kb, optimize=True) / np.sqrt(D)
+        s[:, hidden] = -np.inf
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        out[b] = np.einsum("hij,jhd->ihd", p / p.sum(axis=-1, keepdims=True), vb, optimize=True)
+    return out
+
+
+def run_cpu():
+    import ml_dtypes
+    _, read_gbps = memory_bandwidths()
+    isas = []
+    for isa in ("portable", "avx2", "avx512-vnni"):
+        try:
+            bitnet_ffi.set_cpu_isa(isa)
+            isas.append(isa)
+        except bitnet_ffi.UnsupportedError:
+            pass
+    cases = [(dtype, B, Sq, L) for dtype in ("bfloat16", "float32") for B, Sq, L in CPU_CASES]
+
+    def inputs(index):
+        dtype, B, Sq, L = cases[index]
+        rng = np.random.default_rng(index)
+        numpy_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float32
+        return [rng.standard_normal(shape).astype(numpy_dtype)
+                for shape in ((B, Sq, HQ, D), (B, L, HKV, D), (B, L, HKV, D))]
+
+    results = []
+    for index, (dtype, B, Sq, L) in enumerate(cases):
+        q, k, v = inputs(index)
+        seen_keys = B * sum(L - Sq + i + 1 for i in range(Sq))  # causal: query i sees these
+        kv_bytes = 2 * seen_keys * HKV * D * k.itemsize
+        for isa in isas:
+            bitnet_ffi.set_cpu_isa(isa)
+            s = time_s(lambda: bitnet_ffi.attention(q, k, v, causal=True))
+            gbps = kv_bytes / s / 1e9
+            results.append(dict(kind="cpu", dtype=dtype, B=B, Sq=Sq, L=L, isa=isa, ms=1e3 * s,
+                                gbps=gbps, pct_read_bw=100 * gbps / read_gbps))
+            print(results[-1], flush=True)
+    bitnet_ffi.set_cpu_isa("auto")
+    # numpy last: its BLAS threads keep spinning for a while after a call, which slowed the library
+    # calls timed right after it
+    for index, case in enumerate(cases):
+        q, k, v = inputs(index)
+        numpy_s = time_s(lambda: numpy_attention(q, k, v), repeats=1)
+        for r in results:
+            if (r["dtype"], r["B"], r["Sq"], r["L"]) == case:
+                r.update(numpy_ms=1e3 * numpy_s, speedup_vs_numpy=numpy_s / (r["ms"] / 1e3))
+    return dict(tool="attention", device="cpu", numpy_read_gbps=read_gbps, results=results)
+
+
+def run_gpu(args):
+    import torch
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
     read_bw = read_bandwidth_gbps()
@@ -111,8 +177,19 @@ def main():
         results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024))))
         torch.cuda.empty_cache()
 
-    result = dict(tool="attention", device=name, torch=torch.__version__,
-                  read_bandwidth_gbps=read_bw, results=results)
+    return dict(tool="attention", device=name, torch=torch.__version__,
+                read_bandwidth_gbps=read_bw, results=results)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--cpu", action="store_true", help="benchmark the CPU backend")
+    parser.add_argument("--calls", type=int, default=50, help="GPU: calls per CUDA graph")
+    parser.add_argument("--quick", action="store_true", help="GPU: skip the largest cases")
+    parser.add_argument("--only", choices=("decode", "prefill"), help="GPU: run one kind of case")
+    args = parser.parse_args()
+    result = run_cpu() if args.cpu else run_gpu(args)
     print(attention_markdown(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -13,12 +13,11 @@ numpy reference of the tests at the same shape.
 import argparse
 import json
 import math
-import statistics
-import time
 
 import numpy as np
 
 import bitnet_ffi as bn
+from cpu_bench import memory_bandwidths, time_s
 from gpu_bench import graph_time_us, read_bandwidth_gbps
 from report import ANCHORS, MICROSOFT_2B4T_US, PROJECTIONS_2B4T, gemv_markdown
 
@@ -116,23 +115,9 @@ def run_gpu(quick, gemv_only):
             "rows": rows}
 
 
-def time_s(fn, repeats=3):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def run_cpu():
     rng = np.random.default_rng(0)
-    src = np.ones(1 << 30, np.uint8)
-    dst = np.empty_like(src)
-    copy_gbps = 2 * src.nbytes / time_s(lambda: np.copyto(dst, src)) / 1e9
-    read_gbps = src.nbytes / time_s(lambda: src.view(np.uint64).sum()) / 1e9
-    del src, dst
+    copy_gbps, read_gbps = memory_bandwidths()
     valid = np.array([b for b in range(256) if all((b >> s) & 3 != 3 for s in (0, 2, 4, 6))],
                      np.uint8)
     rows = []
