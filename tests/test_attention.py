@@ -95,9 +95,9 @@ def test_cpu_ragged_seq_lens_scale_and_large_scores(rng, causal):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("B,Sq,lens", [(2, 1, [2000, 37]), (1, 2, None)])
 def test_cpu_long_context_split_over_threads(rng, dtype, causal, B, Sq, lens, isa):
-    """Two (sequence, KV head, query) tasks over a long context: the CPU splits each task's keys
-    into ranges (at least 2, with any number of threads) and merges them (cpu/attention.c); the
-    short sequence leaves some ranges empty."""
+    """One or two (sequence, KV head, query tile) tasks over a long context: the CPU splits each
+    task's keys into ranges (at least 2, with any number of threads) and merges them
+    (cpu/attention.c); the short sequence leaves some ranges empty."""
     Hq, Hkv, D, C = 4, 1, 64, 2000
     q, k, v = make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=3.0)
     out = poisoned(q.shape, dtype)
