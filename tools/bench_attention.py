@@ -10,7 +10,8 @@ of `--calls` calls, rotating through input sets totalling >= 512 MiB so L2 (50 M
 
 CPU (--cpu): the same heads, causal, bf16 and float32, on every CPU SIMD path this machine runs,
 side by side with a float32 numpy implementation (einsum, softmax); GB/s counts the K and V bytes
-of the keys seen, against a numpy sum over 1 GiB measured in the same run. Median of 3 calls.
+(each row once), against a numpy sum over 1 GiB measured in the same run, and GFLOP/s counts
+4 * Hq * D per (query, seen key). Median of 3 calls.
 
     python tools/bench_attention.py --cpu [--json results.json]
 """
@@ -139,14 +140,15 @@ def run_cpu():
     results = []
     for index, (dtype, B, Sq, L) in enumerate(cases):
         q, k, v = inputs(index)
-        seen_keys = B * sum(L - Sq + i + 1 for i in range(Sq))  # causal: query i sees these
-        kv_bytes = 2 * seen_keys * HKV * D * k.itemsize
+        kv_bytes = 2 * B * L * HKV * D * k.itemsize  # each K and V row once
+        flops = 4 * HQ * D * B * sum(L - Sq + i + 1 for i in range(Sq))  # q.k and p.v, causal
         for isa in isas:
             bitnet_ffi.set_cpu_isa(isa)
             s = time_s(lambda: bitnet_ffi.attention(q, k, v, causal=True))
             gbps = kv_bytes / s / 1e9
             results.append(dict(kind="cpu", dtype=dtype, B=B, Sq=Sq, L=L, isa=isa, ms=1e3 * s,
-                                gbps=gbps, pct_read_bw=100 * gbps / read_gbps))
+                                gbps=gbps, pct_read_bw=100 * gbps / read_gbps,
+                                gflops=flops / s / 1e9))
             print(results[-1], flush=True)
     bitnet_ffi.set_cpu_isa("auto")
     # numpy last: its BLAS threads keep spinning for a while after a call, which slowed the library
