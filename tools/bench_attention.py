@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 import bitnet_ffi
-from cpu_bench import memory_bandwidths, time_s
+from cpu_bench import available_isas, memory_bandwidths, time_s
 from gpu_bench import graph_time_us, read_bandwidth_gbps
 from report import attention_markdown
 
@@ -121,13 +121,7 @@ def numpy_attention(q, k, v):
 def run_cpu():
     import ml_dtypes
     _, read_gbps = memory_bandwidths()
-    isas = []
-    for isa in ("portable", "avx2", "avx512-vnni"):
-        try:
-            bitnet_ffi.set_cpu_isa(isa)
-            isas.append(isa)
-        except bitnet_ffi.UnsupportedError:
-            pass
+    isas = available_isas()
     cases = [(dtype, B, Sq, L) for dtype in ("bfloat16", "float32") for B, Sq, L in CPU_CASES]
 
     def inputs(index):

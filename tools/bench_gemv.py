@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 import bitnet_ffi as bn
-from cpu_bench import memory_bandwidths, time_s
+from cpu_bench import available_isas, memory_bandwidths, time_s
 from gpu_bench import graph_time_us, read_bandwidth_gbps
 from report import ANCHORS, MICROSOFT_2B4T_US, PROJECTIONS_2B4T, gemv_markdown
 
@@ -127,11 +127,8 @@ def run_cpu():
     big = bn.TernaryWeights(np.tile(block, (M // 4096, 1)), np.ones(M, np.float32))
     x_q = rng.integers(-128, 128, (1, K), dtype=np.int8)
     x_s = np.ones(1, np.float32)
-    for isa in ("portable", "avx2", "avx512-vnni"):
-        try:
-            bn.set_cpu_isa(isa)
-        except bn.UnsupportedError:
-            continue
+    for isa in available_isas():
+        bn.set_cpu_isa(isa)
         t = time_s(lambda: bn.gemv_w2a8(big, x_q, x_s), repeats=1 if isa == "portable" else 3)
         rows.append({"op": f"gemv_w2a8 cpu {isa}", "M": M, "K": K, "N": 1, "s": t,
                      "GBps": M * K / 4 / t / 1e9})
