@@ -78,7 +78,7 @@ def _scales_like(reference, scales, M):
     """Per-row float32 scales on the reference array's device from a scalar, a sequence or an
     array; an array already on that device is used as is (after checks)."""
     if np.isscalar(scales) or isinstance(scales, (list, tuple)):
-        host = np.ascontiguousarray(np.broadcast_to(np.asarray(scales, dtype=np.float32), (M,)))
+        host = np.array(np.broadcast_to(np.asarray(scales, dtype=np.float32), (M,)))  # a writable copy
         if reference.device == CPU:
             return host
         if reference.kind == "torch":

@@ -5,6 +5,8 @@ Integer outputs are exact. Float outputs follow the rule y = float32(float32(dot
 x_scale, so float32 is compared bit for bit with that rule emulated in numpy and within 3e-7
 relative of the float64 reference (two float32 roundings); float16/bfloat16 are that float32 value
 rounded to nearest even."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -248,6 +250,21 @@ def test_gemv_gpu_device_array_and_quantized_inputs(rng):
     tw_cpu = tw.to("cpu")
     np.testing.assert_array_equal(y.numpy(), bn.gemv_w2a8(tw_cpu, x_q.numpy(), s.numpy(),
                                                            out_dtype="int32"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scales", (0.75, [0.5, 1.5, 2.0]), ids=("scalar", "list"))
+def test_pack_ternary_of_torch_with_host_scales_warns_nothing(rng, scales):
+    """Host scales are uploaded beside the torch codes, without torch's warning about a
+    read-only numpy array."""
+    torch = pytest.importorskip("torch")
+    w_q = rng.integers(-1, 2, (3, 128)).astype(np.int8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tw = bn.pack_ternary(torch.from_numpy(w_q).cuda(), scales)
+    assert tw.scales.is_cuda
+    np.testing.assert_array_equal(tw.scales.cpu().numpy(), np.broadcast_to(np.float32(scales), (3,)))
+    np.testing.assert_array_equal(tw.unpack().cpu().numpy(), w_q)
 
 
 @pytest.mark.gpu
