@@ -10,11 +10,14 @@
  * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.68 us at T = 1 and
  * 2815 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize: 3.48 and 91.35 us).
  * H100, bf16, H = 2560, L2 cold: 2959 GB/s at T = 32768 (95% of the read bandwidth), 2622 GB/s
- * at T = 4096 (84%), 1.62 us at T = 1; with the int8 codes 2661 GB/s at T = 32768. docs/rmsnorm.md. */
+ * at T = 4096 (84-86%), 1.6 us at T = 1; with the int8 codes about 2810 GB/s at T = 32768 and
+ * 2300 GB/s at T = 4096 (instruction issue is the limit there). docs/rmsnorm.md. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <float.h>
+
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -167,15 +170,33 @@ template <typename T, int N> __device__ __forceinline__ double sum_squares64(con
 
 /* Adds v^2 to the sum of squares, sets p = (v * pre) * w and, for the codes, takes max |p|. pre is
  * 1 but for a tiny row (rmsnorm_loop). */
-template <typename T, int N, bool QUANT>
-__device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, const Pack<T, N> &w,
+template <int N, bool QUANT>
+__device__ __forceinline__ void accumulate(SumMax &acc, const float (&v)[N], const float (&w)[N],
                                            float (&p)[N], float pre = 1.0f) {
 #pragma unroll
     for (int j = 0; j < N; j++) {
-        const float f = to_float(v.e[j]);
-        p[j] = f * pre * to_float(w.e[j]);
-        acc.sum += f * f;
+        p[j] = v[j] * pre * w[j];
+        acc.sum += v[j] * v[j];
         if (QUANT) acc.max = fmaxf(acc.max, fabsf(p[j]));
+    }
+}
+template <typename T, int N, bool QUANT>
+__device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, const Pack<T, N> &w,
+                                           float (&p)[N], float pre = 1.0f) {
+    float vf[N], wf[N];
+#pragma unroll
+    for (int j = 0; j < N; j++) vf[j] = to_float(v.e[j]), wf[j] = to_float(w.e[j]);
+    accumulate<N, QUANT>(acc, vf, wf, p, pre);
+}
+
+/* 8 bfloat16 from their 16 raw bytes: one shift or mask each, where a conversion of 16-bit
+ * values takes two instructions. */
+__device__ __forceinline__ void bf16x8_to_floats(const uint4 &raw, float (&f)[8]) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(words[j] << 16);
+        f[2 * j + 1] = __uint_as_float(words[j] & 0xFFFF0000u);
     }
 }
 
@@ -240,6 +261,22 @@ rmsnorm_registers(NormArgs a) {
                     w.e[j] = in_row ? w.e[j] : from_float<T>(0.0f);
                 }
                 accumulate<T, N, QUANT>(acc, v, w, p[k]);
+            }
+        } else if constexpr (std::is_same_v<T, __nv_bfloat16> && !RESIDUAL) {
+            /* bfloat16 kept as raw 16-byte words until converted (bf16x8_to_floats): 5-10% fewer
+             * instructions in these issue-bound kernels, 3% faster with the int8 codes. */
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int64_t vec = (int64_t)k * row_threads + lane;
+                uint4 v = make_uint4(0, 0, 0, 0), w = make_uint4(0, 0, 0, 0);
+                if (vec < vectors) {
+                    v = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.x) + base + vec * N);
+                    w = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.weight) + vec * N);
+                }
+                float vf[N], wf[N];
+                bf16x8_to_floats(v, vf);
+                bf16x8_to_floats(w, wf);
+                accumulate<N, QUANT>(acc, vf, wf, p[k]);
             }
         } else {
 #pragma unroll
