@@ -41,7 +41,10 @@ def norm(T, H, int8):
     x = torch.randn(T, H, device="cuda").to(torch.bfloat16)
     weight = (1 + 0.1 * torch.randn(H, device="cuda")).to(torch.bfloat16)
     for _ in range(2):
-        bn.rmsnorm_quantize(x, weight, 1e-5) if int8 else bn.rmsnorm(x, weight, 1e-5)
+        if int8:
+            bn.rmsnorm_quantize(x, weight, 1e-5)
+        else:
+            bn.rmsnorm(x, weight, 1e-5)
 
 
 CASES = {
