@@ -10,8 +10,8 @@
  * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.68 us at T = 1 and
  * 2815 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize: 3.48 and 91.35 us).
  * H100, bf16, H = 2560, L2 cold: 2959 GB/s at T = 32768 (95% of the read bandwidth), 2622 GB/s
- * at T = 4096 (84-86%), 1.6 us at T = 1; with the int8 codes about 2810 GB/s at T = 32768 and
- * 2300 GB/s at T = 4096 (instruction issue is the limit there). docs/rmsnorm.md. */
+ * at T = 4096 (84-86%), 1.5 us at T = 1; with the int8 codes about 2890 GB/s at T = 32768 and
+ * 2370 GB/s at T = 4096 (instruction issue is the limit there). docs/rmsnorm.md. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -115,7 +115,20 @@ struct SumMax {
     float sum, max;
 };
 
-__device__ __forceinline__ SumMax combine(SumMax a, SumMax b) { return {a.sum + b.sum, fmaxf(a.max, b.max)}; }
+/* max(a, b), or NaN if either is NaN (fmaxf returns the other operand). */
+__device__ __forceinline__ float max_or_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float m;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
+#else
+    return isnan(a) || isnan(b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+
+/* The sum of squares and max |p|; the max is NaN if any p is, so that a finite max says that every
+ * product of the row is finite. */
+__device__ __forceinline__ SumMax combine(SumMax a, SumMax b) { return {a.sum + b.sum, max_or_nan(a.max, b.max)}; }
 __device__ __forceinline__ double combine(double a, double b) { return a + b; }
 __device__ __forceinline__ SumMax shuffle_xor(SumMax v, int lane_mask) {
     return {__shfl_xor_sync(0xffffffffu, v.sum, lane_mask), __shfl_xor_sync(0xffffffffu, v.max, lane_mask)};
@@ -139,9 +152,9 @@ template <bool WARP_PER_ROW, typename A> __device__ __forceinline__ A row_reduce
     __syncthreads(); /* the previous row's readers are done with `partial` */
     if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
     __syncthreads();
-    A total = partial[0];
-    for (int k = 1; k < warps; k++) total = combine(total, partial[k]);
-    return total;
+    /* Each warp combines the partials in its lanes: one load and a warp reduction, no loop. */
+    const int lane = threadIdx.x % 32;
+    return warp_reduce(lane < warps ? partial[lane] : A{});
 }
 
 /* 1 / sqrt(mean + eps) from the float32 sum of squares; where that mean square is not a normal
@@ -177,7 +190,7 @@ __device__ __forceinline__ void accumulate(SumMax &acc, const float (&v)[N], con
     for (int j = 0; j < N; j++) {
         p[j] = v[j] * pre * w[j];
         acc.sum += v[j] * v[j];
-        if (QUANT) acc.max = fmaxf(acc.max, fabsf(p[j]));
+        if (QUANT) acc.max = max_or_nan(acc.max, fabsf(p[j]));
     }
 }
 template <typename T, int N, bool QUANT>
@@ -200,10 +213,17 @@ __device__ __forceinline__ void bf16x8_to_floats(const uint4 &raw, float (&f)[8]
     }
 }
 
-/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)). For finite
- * inputs the clamp never binds (|p| <= max |p|); it is there for NaN, which fmaxf turns into -128
- * exactly as the CPU backend does. */
-template <typename T, int N, bool QUANT>
+/* max |p| over the products that are not NaN: the scale's rule (NaN codes are -128). */
+template <int N> __device__ __forceinline__ float max_abs_of_numbers(float m, const float (&p)[N]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) m = fmaxf(m, fabsf(p[j]));
+    return m;
+}
+
+/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)). Where every
+ * product of the row is finite (FINITE) the clamp cannot bind (|p| <= max |p|) and is left out;
+ * otherwise it is there for NaN, which fmaxf turns into -128 exactly as the CPU backend does. */
+template <typename T, int N, bool QUANT, bool FINITE = false>
 __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, const float (&p)[N], float r,
                                               float r_scale) {
     if (a.y) {
@@ -218,7 +238,7 @@ __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, cons
         Pack<int8_t, N> q;
 #pragma unroll
         for (int j = 0; j < N; j++) {
-            const float c = fminf(fmaxf(p[j] * r_scale, -128.0f), 127.0f);
+            const float c = FINITE ? p[j] * r_scale : fminf(fmaxf(p[j] * r_scale, -128.0f), 127.0f);
             q.e[j] = (int8_t)__float_as_uint(__fadd_rn(c, 12582912.0f));
         }
         store<int8_t, N>(a.y_q, i, q);
@@ -238,7 +258,7 @@ rmsnorm_registers(NormArgs a) {
     const int lane = WARP_PER_ROW ? threadIdx.x % 32 : threadIdx.x;
     const int64_t rows_per_block = WARP_PER_ROW ? WARP_ROWS_PER_BLOCK : 1;
     const int64_t first_row = blockIdx.x * rows_per_block + (WARP_PER_ROW ? threadIdx.x / 32 : 0);
-    const int64_t vectors = a.cols / N;
+    const int vectors = (int)(a.cols / N); /* at most BLOCK_MAX_THREADS * BLOCK_MAX_V here */
     const void *v_src = RESIDUAL ? a.residual : a.x;
 
     for (int64_t row = first_row; row < a.rows; row += gridDim.x * rows_per_block) {
@@ -265,14 +285,13 @@ rmsnorm_registers(NormArgs a) {
         } else if constexpr (std::is_same_v<T, __nv_bfloat16> && !RESIDUAL) {
             /* bfloat16 kept as raw 16-byte words until converted (bf16x8_to_floats): 5-10% fewer
              * instructions in these issue-bound kernels, 3% faster with the int8 codes. */
+            const uint4 *x_row = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.x) + base);
+            const uint4 *weight = static_cast<const uint4 *>(a.weight);
 #pragma unroll
             for (int k = 0; k < V; k++) {
-                const int64_t vec = (int64_t)k * row_threads + lane;
+                const int vec = k * row_threads + lane;
                 uint4 v = make_uint4(0, 0, 0, 0), w = make_uint4(0, 0, 0, 0);
-                if (vec < vectors) {
-                    v = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.x) + base + vec * N);
-                    w = *reinterpret_cast<const uint4 *>(static_cast<const T *>(a.weight) + vec * N);
-                }
+                if (vec < vectors) v = x_row[vec], w = weight[vec];
                 float vf[N], wf[N];
                 bf16x8_to_floats(v, vf);
                 bf16x8_to_floats(w, wf);
@@ -307,12 +326,24 @@ rmsnorm_registers(NormArgs a) {
             }
             return row_reduce<WARP_PER_ROW>(sum);
         });
-        const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
+        const bool finite = isfinite(acc.max);
+        if (QUANT && isnan(acc.max)) { /* rare: a NaN product */
+            float m = 0.0f;
 #pragma unroll
-        for (int k = 0; k < V; k++) {
-            const int64_t vec = (int64_t)k * row_threads + lane;
-            if (vec < vectors) write_outputs<T, N, QUANT>(a, base + vec * N, p[k], r, r * scale);
+            for (int k = 0; k < V; k++) m = max_abs_of_numbers(m, p[k]);
+            acc.max = row_reduce<WARP_PER_ROW>(SumMax{0.0f, m}).max;
         }
+        const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
+        const auto write_row = [&](auto finite_products) {
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const int vec = k * row_threads + lane;
+                if (vec < vectors)
+                    write_outputs<T, N, QUANT, finite_products.value>(a, base + vec * N, p[k], r, r * scale);
+            }
+        };
+        if (!QUANT || finite) write_row(std::true_type{});
+        else write_row(std::false_type{});
         if (QUANT && lane == 0) a.y_scales[row] = scale;
     }
 }
@@ -345,14 +376,17 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             return row_reduce<false>(sum);
         });
         const float pre = tiny_row_scale(r64), r = (float)(r64 / pre);
-        if (pre != 1.0f) { /* the products' max again, from the scaled products */
-            SumMax tiny = {0.0f, 0.0f};
+        /* The products' max again: from the scaled products, or without the NaN products. */
+        if (pre != 1.0f || (QUANT && isnan(acc.max))) {
+            float m = 0.0f;
             for (int64_t i = first; i < a.cols; i += step) {
                 float p[N];
-                accumulate<T, N, QUANT>(tiny, load_input<T, N, GATED>(a, v_src, row, i),
+                SumMax unused = {0.0f, 0.0f};
+                accumulate<T, N, false>(unused, load_input<T, N, GATED>(a, v_src, row, i),
                                         load<T, N>(a.weight, i), p, pre);
+                m = max_abs_of_numbers(m, p);
             }
-            acc.max = row_reduce<false>(tiny).max;
+            acc.max = row_reduce<false>(SumMax{0.0f, m}).max;
         }
         const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
         for (int64_t i = first; i < a.cols; i += step) {
