@@ -519,6 +519,35 @@ def test_gpu_extreme_magnitudes(rng, T, H, dtype, magnitude, eps, variant):
     check(variant, got, x, weight, eps, residual)
 
 
+@pytest.mark.parametrize("backend", (pytest.param("cpu", marks=pytest.mark.cpu),
+                                     pytest.param("gpu", marks=pytest.mark.gpu)))
+@pytest.mark.parametrize("T,H", KERNEL_SHAPES + [(20000, 256), (3, 2560 - 8)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ("quant", "add_quant_y"))
+def test_nan_weights_give_nan_codes_and_leave_the_scale_to_the_rest(rng, backend, T, H, dtype, variant):
+    """A NaN weight makes its products NaN: y is NaN and the code -128 there, and every other
+    output follows the rule over the rest of the row (the scale from the max of the other
+    products). The GPU register kernels spot such a row by a NaN-propagating max, take the max
+    again without the NaN products and write its codes with the clamp (docs/rmsnorm.md)."""
+    x, weight, residual = make_inputs(rng, T, H, dtype)
+    nan_cols = np.zeros(H, bool)
+    nan_cols[rng.choice(H, size=max(1, H // 97), replace=False)] = True
+    weight[nan_cols] = np.nan
+    put, get = (numpy_copy, numpy_copy) if backend == "cpu" else (torch_put, torch_get)
+    got = run(variant, x, weight, 1e-5, residual, put, get)
+    assert (got["y_q"][:, nan_cols] == -128).all()
+    if "y" in got:
+        assert np.isnan(got["y"][:, nan_cols].astype(np.float32)).all()
+    if nan_cols.all():
+        np.testing.assert_array_equal(got["scales"], np.float32(127) / np.float32(1e-5))
+        return
+    keep = ~nan_cols
+    y_ref, _ = reference(x, weight, 1e-5, residual if "add" in variant else None)
+    if "y" in got:
+        assert_close(got["y"][:, keep], y_ref[:, keep], dtype)
+    check_quantized(got["y_q"][:, keep], got["scales"], y_ref[:, keep])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", VARIANTS)
