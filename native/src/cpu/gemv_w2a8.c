@@ -18,10 +18,14 @@ static int32_t chosen_isa = BN_ISA_AUTO;
 int bn_cpu_isa_supported(int32_t isa) {
     switch (isa) {
     case BN_ISA_AUTO: case BN_ISA_PORTABLE: return 1;
-    case BN_ISA_AVX2: return __builtin_cpu_supports("avx2");
+    /* What the AVX2 copies are compiled for (attention.c's also uses FMA and F16C); each level
+     * includes the one below, since the AVX-512 path of attention runs the AVX2 copy. */
+    case BN_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
     case BN_ISA_AVX512_VNNI:
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vnni");
+        return bn_cpu_isa_supported(BN_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     default: return 0;
     }
 }
