@@ -132,6 +132,52 @@ def test_cpu_relu2_gate(rng, dtype, shape):
     np.testing.assert_array_equal(np.asarray(fresh).view(np.uint8), np.asarray(out).view(np.uint8))
 
 
+def float16_edge_row(rng, n):
+    """float16 values across the range: normals, subnormals, the largest finite, zeros, inf, NaN."""
+    bits = rng.integers(0, 1 << 16, n, dtype=np.uint32).astype(np.uint16)
+    row = bits.view(np.float16).copy()
+    row[:8] = [np.float16(6e-8), np.float16(-6e-8), np.float16(65504), np.float16(-0.0),
+               np.float16(np.inf), np.float16(-np.inf), np.float16(np.nan), np.float16(1.0)]
+    return row
+
+
+@pytest.mark.cpu
+def test_cpu_float16_rows_convert_exactly_on_every_path(rng):
+    """The CPU ops convert float16 rows with F16C above the portable path and with bit operations
+    on it (cpu/convert.c): relu2_gate's float32 products rounded to float16 equal numpy's rounding
+    (overflow to inf, subnormals, ties), and every float16 op gives the same bits on every path
+    (NaN positions for NaN)."""
+    from test_gemv_w2a8 import cpu_isas
+    T, F = 3, 1000
+    gate_up = np.stack([float16_edge_row(rng, 2 * F) for _ in range(T)])
+    x = rng.standard_normal((T, 1024)).astype(np.float16)
+    x[0, :8] = float16_edge_row(rng, 8)[:6].tolist() + [1.0, 2.0]  # no NaN: finite codes compare
+    weight = rng.uniform(0.5, 2.0, 1024).astype(np.float16)
+    w = rng.standard_normal((64, 1024)).astype(np.float16)
+    g, up = gate_up[:, :F].astype(np.float32), gate_up[:, F:].astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_gate = (np.maximum(g, 0) ** 2 * up).astype(np.float16)
+    results = {}
+    try:
+        for isa in cpu_isas():
+            bitnet_ffi.set_cpu_isa(isa)
+            out = bitnet_ffi.relu2_gate(gate_up)
+            same = ~np.isnan(want_gate)
+            np.testing.assert_array_equal(np.isnan(out), ~same)
+            np.testing.assert_array_equal(out.view(np.uint16)[same], want_gate.view(np.uint16)[same])
+            results[isa] = [out, bitnet_ffi.rmsnorm(x, weight), *bitnet_ffi.rmsnorm_quantize(x, weight),
+                            *bitnet_ffi.quantize_a8(x), bitnet_ffi.quantize_i2s(w).unpack()]
+    finally:
+        bitnet_ffi.set_cpu_isa("auto")
+    portable = results["portable"]
+    for isa, got in results.items():
+        for a, b in zip(got, portable):
+            a, b = np.asarray(a), np.asarray(b)
+            np.testing.assert_array_equal(np.isnan(a.astype(np.float32)), np.isnan(b.astype(np.float32)))
+            keep = ~np.isnan(b.astype(np.float32))
+            np.testing.assert_array_equal(a[keep], b[keep], f"{isa} differs from portable")
+
+
 @pytest.mark.cpu
 def test_cpu_relu2_gate_bad_input(rng):
     gate_up = cast(rng.standard_normal((3, 10)), "bfloat16")

@@ -138,6 +138,11 @@ int64_t bn_attention_num_splits(int32_t sm_count, int64_t B, int64_t Sq, int64_t
 /* Bytes of workspace for `num_splits` partials of B * Sq * Hq rows. */
 int64_t bn_attention_workspace_bytes(int64_t num_splits, int64_t B, int64_t Sq, int64_t Hq, int64_t D);
 
+/* Elements [offset, offset + n) of a float32 / float16 / bfloat16 array as float32, and back
+ * (round to nearest even): rows for the CPU ops (cpu/convert.c). */
+void bn_load_floats(int32_t dtype, const void *src, int64_t offset, int64_t n, float *dst);
+void bn_store_floats(int32_t dtype, const float *src, int64_t n, void *dst, int64_t offset);
+
 #ifndef __cplusplus
 /* Element i of a float32 / float16 / bfloat16 array as float, and back (round to nearest even):
  * for the CPU backend of the attention and glue ops. */

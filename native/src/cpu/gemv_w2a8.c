@@ -32,12 +32,22 @@ int bn_cpu_isa_supported(int32_t isa) {
 
 void bn_cpu_set_isa(int32_t isa) { __atomic_store_n(&chosen_isa, isa, __ATOMIC_RELAXED); }
 
+/* The best path this CPU runs, found once (bn_load_floats asks for every row). */
+static int32_t detected_isa(void) {
+    static int32_t detected = BN_ISA_AUTO;
+    int32_t isa = __atomic_load_n(&detected, __ATOMIC_RELAXED);
+    if (isa == BN_ISA_AUTO) {
+        isa = bn_cpu_isa_supported(BN_ISA_AVX512_VNNI) ? BN_ISA_AVX512_VNNI
+              : bn_cpu_isa_supported(BN_ISA_AVX2)      ? BN_ISA_AVX2
+                                                       : BN_ISA_PORTABLE;
+        __atomic_store_n(&detected, isa, __ATOMIC_RELAXED);
+    }
+    return isa;
+}
+
 int32_t bn_cpu_isa(void) {
     int32_t isa = __atomic_load_n(&chosen_isa, __ATOMIC_RELAXED);
-    if (isa != BN_ISA_AUTO) return isa;
-    if (bn_cpu_isa_supported(BN_ISA_AVX512_VNNI)) return BN_ISA_AVX512_VNNI;
-    if (bn_cpu_isa_supported(BN_ISA_AVX2)) return BN_ISA_AVX2;
-    return BN_ISA_PORTABLE;
+    return isa != BN_ISA_AUTO ? isa : detected_isa();
 }
 
 static uint32_t load_u32(const void *p) {

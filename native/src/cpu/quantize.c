@@ -6,14 +6,7 @@
 
 #include "internal.h"
 
-static float load_float(const void *data, int32_t dtype, int64_t index) {
-    if (dtype == BITNET_DTYPE_F32) return ((const float *)data)[index];
-    if (dtype == BITNET_DTYPE_F16) return (float)((const _Float16 *)data)[index];
-    uint32_t bits = (uint32_t)((const uint16_t *)data)[index] << 16; /* bfloat16 */
-    float value;
-    memcpy(&value, &bits, 4);
-    return value;
-}
+enum { CHUNK = 256 }; /* elements of a row converted to float32 at a time (a multiple of 16) */
 
 /* Weight 16g+4i+b of a row goes to byte 4g+b, bits 2i..2i+1, as code = value + 1. */
 static void pack_word(const int8_t values[16], uint8_t *bytes) {
@@ -38,7 +31,12 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; m++) {
         double sum = 0.0;
-        for (int64_t k = 0; k < K; k++) sum += fabs((double)load_float(w, w_dtype, m * K + k));
+        float chunk[CHUNK];
+        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+            const int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
+            bn_load_floats(w_dtype, w, m * K + k0, n, chunk);
+            for (int64_t k = 0; k < n; k++) sum += fabs((double)chunk[k]);
+        }
         row_sums[m] = sum;
     }
     int64_t row = 0;
@@ -53,11 +51,15 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
     }
 #pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < M; m++) {
-        for (int64_t k0 = 0; k0 < K; k0 += 16) {
-            int8_t values[16];
-            for (int j = 0; j < 16; j++)
-                values[j] = quantize_weight(load_float(w, w_dtype, m * K + k0 + j), w_scales[m]);
-            pack_word(values, w_packed + (m * K + k0) / 4);
+        float chunk[CHUNK];
+        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+            const int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
+            bn_load_floats(w_dtype, w, m * K + k0, n, chunk);
+            for (int64_t j0 = 0; j0 < n; j0 += 16) {
+                int8_t values[16];
+                for (int j = 0; j < 16; j++) values[j] = quantize_weight(chunk[j0 + j], w_scales[m]);
+                pack_word(values, w_packed + (m * K + k0 + j0) / 4);
+            }
         }
     }
     return BITNET_OK;
@@ -90,12 +92,20 @@ bitnet_status bn_cpu_quantize_a8(const void *x, int32_t x_dtype, int64_t N, int6
                                  float *x_scales) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        float max_abs = 0.0f;
-        for (int64_t k = 0; k < K; k++) max_abs = fmaxf(max_abs, fabsf(load_float(x, x_dtype, n * K + k)));
+        float max_abs = 0.0f, chunk[CHUNK];
+        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+            const int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
+            bn_load_floats(x_dtype, x, n * K + k0, len, chunk);
+            for (int64_t k = 0; k < len; k++) max_abs = fmaxf(max_abs, fabsf(chunk[k]));
+        }
         float scale = 127.0f / fmaxf(max_abs, 1e-5f);
-        for (int64_t k = 0; k < K; k++) {
-            float q = rintf(load_float(x, x_dtype, n * K + k) * scale);
-            x_q[n * K + k] = (int8_t)fminf(fmaxf(q, -128.0f), 127.0f);
+        for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+            const int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
+            bn_load_floats(x_dtype, x, n * K + k0, len, chunk);
+            for (int64_t k = 0; k < len; k++) {
+                float q = rintf(chunk[k] * scale);
+                x_q[n * K + k0 + k] = (int8_t)fminf(fmaxf(q, -128.0f), 127.0f);
+            }
         }
         x_scales[n] = scale;
     }

@@ -2,13 +2,29 @@
  * stored in the dtype. bn_cpu_relu2_span is also what the CPU bitnet_relu2_rmsnorm normalizes. */
 #include "../internal.h"
 
+static inline float relu2(float gate, float up) {
+    const float relu = gate < 0.0f ? 0.0f : gate; /* NaN stays NaN */
+    return relu * relu * up;
+}
+
+/* float32 directly; the 16-bit dtypes through float32 chunks (bn_load_floats), which for float16
+ * are 2-3x faster than converting one element at a time. */
 void bn_cpu_relu2_span(int32_t dtype, const void *gate_up, int64_t gate, int64_t F, int64_t n,
                        void *out, int64_t out_offset) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = bn_load_float(gate_up, dtype, gate + i);
-        float up = bn_load_float(gate_up, dtype, gate + F + i);
-        float relu = g < 0.0f ? 0.0f : g; /* NaN stays NaN */
-        bn_store_float(out, dtype, out_offset + i, relu * relu * up);
+    if (dtype == BITNET_DTYPE_F32) {
+        const float *g = (const float *)gate_up + gate, *up = g + F;
+        float *o = (float *)out + out_offset;
+        for (int64_t i = 0; i < n; i++) o[i] = relu2(g[i], up[i]);
+        return;
+    }
+    enum { CHUNK = 256 };
+    float g[CHUNK], up[CHUNK];
+    for (int64_t c = 0; c < n; c += CHUNK) {
+        const int64_t len = n - c < CHUNK ? n - c : CHUNK;
+        bn_load_floats(dtype, gate_up, gate + c, len, g);
+        bn_load_floats(dtype, gate_up, gate + F + c, len, up);
+        for (int64_t i = 0; i < len; i++) g[i] = relu2(g[i], up[i]);
+        bn_store_floats(dtype, g, len, out, out_offset + c);
     }
 }
 

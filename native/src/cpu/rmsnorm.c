@@ -14,76 +14,6 @@ enum { CHUNK = 256, LANES = 16 };
 /* A row whose 1 / RMS is beyond float32 is normalized as v * TINY_ROW_SCALE (norm_row). */
 static const float TINY_ROW_SCALE = 0x1p64f;
 
-static uint32_t bits_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static float bf16_to_f32(uint16_t h) { return float_of((uint32_t)h << 16); }
-
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u = bits_of(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
-}
-
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-    if (exponent == 0x1f) return float_of(sign | 0x7f800000u | mantissa << 13);
-    if (exponent == 0) return float_of(sign | bits_of((float)mantissa * 0x1p-24f));
-    return float_of(sign | (exponent + 112) << 23 | mantissa << 13);
-}
-
-static uint16_t f32_to_f16(float f) {
-    uint32_t u = bits_of(f), sign = (u >> 16) & 0x8000u, h;
-    u &= 0x7fffffffu;
-    if (u >= 0x47800000u) { /* |f| >= 65536: infinity, or NaN */
-        h = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-    } else if (u < 0x38800000u) {
-        /* |f| < 2^-14, subnormal or zero: adding 0.5 leaves |f| in units of 2^-24 (the subnormal
-         * step) in the low mantissa bits, rounded to nearest even by the addition itself. */
-        h = bits_of(float_of(u) + 0.5f) - 0x3f000000u;
-    } else {
-        /* Rebias the exponent from 127 to 15 and round the 13 dropped bits to nearest even; a
-         * carry into the exponent is the correct rounding, up to infinity above 65520. */
-        h = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
-    }
-    return (uint16_t)(sign | h);
-}
-
-/* dst[0..n) = src[offset..offset+n) as float32. */
-static void load_floats(int32_t dtype, const void *src, int64_t offset, int n, float *dst) {
-    if (dtype == BITNET_DTYPE_F32) {
-        memcpy(dst, (const float *)src + offset, (size_t)n * sizeof(float));
-    } else if (dtype == BITNET_DTYPE_BF16) {
-        const uint16_t *s = (const uint16_t *)src + offset;
-        for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
-    } else {
-        const uint16_t *s = (const uint16_t *)src + offset;
-        for (int i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
-    }
-}
-
-/* dst[offset..offset+n) = src[0..n) rounded to nearest even in dtype. */
-static void store_floats(int32_t dtype, const float *src, int n, void *dst, int64_t offset) {
-    if (dtype == BITNET_DTYPE_F32) {
-        memcpy((float *)dst + offset, src, (size_t)n * sizeof(float));
-    } else if (dtype == BITNET_DTYPE_BF16) {
-        uint16_t *d = (uint16_t *)dst + offset;
-        for (int i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
-    } else {
-        uint16_t *d = (uint16_t *)dst + offset;
-        for (int i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
-    }
-}
-
 typedef struct {
     int32_t dtype;
     int64_t H;
@@ -103,9 +33,9 @@ static void load_v(const norm_args *a, int64_t row, int64_t c, int n, float *v) 
     if (a->gated) {
         union { float f32[CHUNK]; uint16_t u16[CHUNK]; } stored;
         bn_cpu_relu2_span(a->dtype, a->x, row * 2 * a->H + c, a->H, n, &stored, 0);
-        load_floats(a->dtype, &stored, 0, n, v);
+        bn_load_floats(a->dtype, &stored, 0, n, v);
     } else {
-        load_floats(a->dtype, a->residual ? a->residual : a->x, row * a->H + c, n, v);
+        bn_load_floats(a->dtype, a->residual ? a->residual : a->x, row * a->H + c, n, v);
     }
 }
 
@@ -113,7 +43,7 @@ static void load_v(const norm_args *a, int64_t row, int64_t c, int n, float *v) 
 static int load_chunk(const norm_args *a, int64_t row, int64_t c, float *v, float *w) {
     int n = (int)(a->H - c < CHUNK ? a->H - c : CHUNK), padded = (n + LANES - 1) / LANES * LANES;
     load_v(a, row, c, n, v);
-    load_floats(a->dtype, a->weight, c, n, w);
+    bn_load_floats(a->dtype, a->weight, c, n, w);
     for (int i = n; i < padded; i++) v[i] = w[i] = 0.0f;
     return n;
 }
@@ -125,10 +55,10 @@ static void norm_row(const norm_args *a, int64_t row) {
     for (int64_t c = 0; c < H; c += CHUNK) {
         if (a->residual) {
             int n = (int)(H - c < CHUNK ? H - c : CHUNK);
-            load_floats(a->dtype, a->x, base + c, n, v);
-            load_floats(a->dtype, a->residual, base + c, n, w);
+            bn_load_floats(a->dtype, a->x, base + c, n, v);
+            bn_load_floats(a->dtype, a->residual, base + c, n, w);
             for (int i = 0; i < n; i++) w[i] += v[i];
-            store_floats(a->dtype, w, n, a->residual, base + c);
+            bn_store_floats(a->dtype, w, n, a->residual, base + c);
         }
         int n = load_chunk(a, row, c, v, w);
         for (int i = 0; i < n; i += LANES)
@@ -182,7 +112,7 @@ static void norm_row(const norm_args *a, int64_t row) {
                 a->y_q[base + c + i] = (int8_t)rintf(fminf(fmaxf(v[i] * r_scale, -128.0f), 127.0f));
         if (a->y) {
             for (int i = 0; i < n; i++) v[i] *= r;
-            store_floats(a->dtype, v, n, a->y, base + c);
+            bn_store_floats(a->dtype, v, n, a->y, base + c);
         }
     }
     if (a->y_q) a->y_scales[row] = scale;
