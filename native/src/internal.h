@@ -144,26 +144,61 @@ void bn_load_floats(int32_t dtype, const void *src, int64_t offset, int64_t n, f
 void bn_store_floats(int32_t dtype, const float *src, int64_t n, void *dst, int64_t offset);
 
 #ifndef __cplusplus
+/* Bit patterns of float16 and bfloat16 from and to float32 (round to nearest even), with plain
+ * integer and float operations that vectorize without F16C. */
+static inline uint32_t bn_bits_of(float f) {
+    union { float f; uint32_t u; } bits = {f};
+    return bits.u;
+}
+
+static inline float bn_float_of(uint32_t u) {
+    union { uint32_t u; float f; } bits = {u};
+    return bits.f;
+}
+
+static inline float bn_bf16_to_float(uint16_t h) { return bn_float_of((uint32_t)h << 16); }
+
+static inline uint16_t bn_float_to_bf16(float f) {
+    uint32_t u = bn_bits_of(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); /* round to nearest even */
+}
+
+static inline float bn_f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0x1f) return bn_float_of(sign | 0x7f800000u | mantissa << 13);
+    if (exponent == 0) return bn_float_of(sign | bn_bits_of((float)mantissa * 0x1p-24f));
+    return bn_float_of(sign | (exponent + 112) << 23 | mantissa << 13);
+}
+
+static inline uint16_t bn_float_to_f16(float f) {
+    uint32_t u = bn_bits_of(f), sign = (u >> 16) & 0x8000u, h;
+    u &= 0x7fffffffu;
+    if (u >= 0x47800000u) { /* |f| >= 65536: infinity, or NaN */
+        h = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (u < 0x38800000u) {
+        /* |f| < 2^-14, subnormal or zero: adding 0.5 leaves |f| in units of 2^-24 (the subnormal
+         * step) in the low mantissa bits, rounded to nearest even by the addition itself. */
+        h = bn_bits_of(bn_float_of(u) + 0.5f) - 0x3f000000u;
+    } else {
+        /* Rebias the exponent from 127 to 15 and round the 13 dropped bits to nearest even; a
+         * carry into the exponent is the correct rounding, up to infinity above 65520. */
+        h = (u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13;
+    }
+    return (uint16_t)(sign | h);
+}
+
 /* Element i of a float32 / float16 / bfloat16 array as float, and back (round to nearest even):
  * for the CPU backend of the attention and glue ops. */
 static inline float bn_load_float(const void *p, int32_t dtype, int64_t i) {
     if (dtype == BITNET_DTYPE_F32) return ((const float *)p)[i];
-    if (dtype == BITNET_DTYPE_F16) return (float)((const _Float16 *)p)[i];
-    union { uint32_t u; float f; } bits = {(uint32_t)((const uint16_t *)p)[i] << 16};
-    return bits.f;
+    if (dtype == BITNET_DTYPE_F16) return bn_f16_to_float(((const uint16_t *)p)[i]);
+    return bn_bf16_to_float(((const uint16_t *)p)[i]);
 }
 static inline void bn_store_float(void *p, int32_t dtype, int64_t i, float x) {
-    if (dtype == BITNET_DTYPE_F32) {
-        ((float *)p)[i] = x;
-    } else if (dtype == BITNET_DTYPE_F16) {
-        ((_Float16 *)p)[i] = (_Float16)x;
-    } else {
-        union { float f; uint32_t u; } bits = {x};
-        uint32_t u = bits.u;
-        if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u; /* NaN stays a (quiet) NaN */
-        else u += 0x7fffu + ((u >> 16) & 1u);
-        ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-    }
+    if (dtype == BITNET_DTYPE_F32) ((float *)p)[i] = x;
+    else if (dtype == BITNET_DTYPE_F16) ((uint16_t *)p)[i] = bn_float_to_f16(x);
+    else ((uint16_t *)p)[i] = bn_float_to_bf16(x);
 }
 #endif
 

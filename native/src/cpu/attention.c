@@ -6,9 +6,10 @@
  * for all of them, and the dot products keep 8 partial sums, so that the compiler vectorizes them.
  * OpenMP over (sequence, KV head, query tile) tasks; where they are too few for the threads
  * (decode of one sequence), over contiguous key ranges of them too, merged at the end. The block
- * loop is compiled twice: portable C (SSE2 on x86-64) and AVX2 + FMA + F16C, which the vectorizer
+ * loop is compiled twice: portable C (SSE2 on x86-64) and AVX2 + FMA, which the vectorizer
  * widens; bn_cpu_isa()'s AVX2 and AVX-512 paths both take the second (an AVX-512 copy of the same
- * C ran at half the speed of the portable one on a 2-core AVX-512 VNNI machine). */
+ * C ran at half the speed of the portable one on a 2-core AVX-512 VNNI machine). float16 is
+ * converted with the bit operations of bn_load_float, which vectorize on both paths. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -95,9 +96,7 @@ PATH_INLINE void attend(const float *qf, int64_t R, int64_t G, int64_t D, int32_
                kf, vf, s, acc, m, l);                                                            \
     }
 ATTEND_PATH(attend_portable, )
-/* F16C turns each float16 conversion from a library call into an inline vcvtph2ps: float16
- * attention 2.5-4x faster on this path. */
-ATTEND_PATH(attend_avx2, __attribute__((target("avx2,fma,f16c"))))
+ATTEND_PATH(attend_avx2, __attribute__((target("avx2,fma"))))
 
 /* A task's rows: sequence b, KV head kvh, queries i0 .. i0 + rows / G - 1; row r is query
  * i0 + r / G, head kvh * G + r % G. */
