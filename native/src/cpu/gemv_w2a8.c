@@ -18,8 +18,8 @@ static int32_t chosen_isa = BN_ISA_AUTO;
 int bn_cpu_isa_supported(int32_t isa) {
     switch (isa) {
     case BN_ISA_AUTO: case BN_ISA_PORTABLE: return 1;
-    /* What the AVX2 copies are compiled for (attention.c's also uses FMA and F16C); each level
-     * includes the one below, since the AVX-512 path of attention runs the AVX2 copy. */
+    /* What the AVX2 code needs (attention.c's copy also uses FMA, convert.c's float16 rows F16C);
+     * each level includes the one below, since the AVX-512 path runs that code too. */
     case BN_ISA_AVX2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
