@@ -157,22 +157,10 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void dots_vnni(
 
 typedef void (*dots_fn)(const uint8_t *, const int8_t *, int64_t, int, int32_t *);
 
-static uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16); /* round half to even */
-}
-
 static void store(void *y, int32_t y_dtype, int64_t index, int32_t dot, float w_scale,
                   float x_scale) {
-    float value = (float)dot * w_scale / x_scale;
-    switch (y_dtype) {
-    case BITNET_DTYPE_I32: ((int32_t *)y)[index] = dot; break;
-    case BITNET_DTYPE_F32: ((float *)y)[index] = value; break;
-    case BITNET_DTYPE_F16: ((_Float16 *)y)[index] = (_Float16)value; break;
-    default: ((uint16_t *)y)[index] = float_to_bf16(value); break;
-    }
+    if (y_dtype == BITNET_DTYPE_I32) ((int32_t *)y)[index] = dot;
+    else bn_store_float(y, y_dtype, index, (float)dot * w_scale / x_scale);
 }
 
 bitnet_status bn_cpu_gemv_w2a8(const uint8_t *w_packed, const float *w_scales, int64_t M,
