@@ -1,8 +1,8 @@
 /* Rows of float32, float16 and bfloat16 converted to float32 and back (round to nearest even), for
  * the CPU ops that work on float32 chunks. float16 takes F16C's conversions where bn_cpu_isa() is
  * above portable (its AVX2 level includes F16C), and otherwise the bit operations of internal.h,
- * which the compiler vectorizes: the same values either way (NaN payloads aside). A per-element conversion
- * of _Float16 without F16C is a library call, 3-4x slower. */
+ * which the compiler vectorizes: the same values either way (NaN payloads aside). A _Float16
+ * conversion per element is a library call without F16C, 3-4x slower. */
 #include <string.h>
 
 #include "../internal.h"
