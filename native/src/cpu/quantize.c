@@ -57,7 +57,8 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
             bn_load_floats(w_dtype, w, m * K + k0, n, chunk);
             for (int64_t j0 = 0; j0 < n; j0 += 16) {
                 int8_t values[16];
-                for (int j = 0; j < 16; j++) values[j] = quantize_weight(chunk[j0 + j], w_scales[m]);
+                for (int j = 0; j < 16; j++)
+                    values[j] = quantize_weight(chunk[j0 + j], w_scales[m]);
                 pack_word(values, w_packed + (m * K + k0 + j0) / 4);
             }
         }
