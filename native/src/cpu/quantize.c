@@ -2,7 +2,6 @@
  * the packing of ternary values (docs/weight_format.md). OpenMP over rows. The float32 arithmetic
  * (division, multiplication, rintf = round half to even) matches the CUDA backend bit for bit. */
 #include <math.h>
-#include <string.h>
 
 #include "internal.h"
 

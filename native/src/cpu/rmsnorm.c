@@ -6,7 +6,6 @@
  * gate_up row with bn_cpu_relu2_span, rounded to the dtype as bitnet_relu2_gate stores it. */
 #include <float.h>
 #include <math.h>
-#include <string.h>
 
 #include "../internal.h"
 
