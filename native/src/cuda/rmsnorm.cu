@@ -5,13 +5,13 @@
  * vectors of 16 B, >= 64 rows per SM; 4 rows per block) or else one block per row (<= 4096
  * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
  * unaligned rows, any call with eps = 0) take a loop over global memory, twice. Launched with
- * programmatic dependent launch.
+ * programmatic dependent launch; the register kernels prefetch rows into L2 (NormArgs).
  * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
  * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.68 us at T = 1 and
  * 2815 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize: 3.48 and 91.35 us).
- * H100, bf16, H = 2560, L2 cold: 2959 GB/s at T = 32768 (95% of the read bandwidth), 2622 GB/s
- * at T = 4096 (84-86%), 1.5 us at T = 1; with the int8 codes about 2890 GB/s at T = 32768 and
- * 2370 GB/s at T = 4096 (instruction issue is the limit there). docs/rmsnorm.md. */
+ * H100, bf16, H = 2560, L2 cold: 2971 GB/s at T = 32768 (96% of the read bandwidth), 2676 GB/s
+ * at T = 4096 (86%), 1.2 us at T = 1; with the int8 codes 3022 GB/s at T = 32768 and 2440 GB/s
+ * at T = 4096 (79%). docs/rmsnorm.md. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -47,6 +47,10 @@ struct NormArgs {
     int8_t *y_q;
     float *y_scales;
     int64_t rows, cols;
+    /* L2 prefetches of the input (x or gate_up, and the residual): each block's first row before
+     * the PDL wait, and each row's input `prefetch_ahead` rows on (0: none). launch() sets them. */
+    bool prefetch_first_row;
+    int64_t prefetch_ahead;
 };
 
 /* Programmatic dependent launch: the kernel waits for the previous kernel on the stream before
@@ -109,6 +113,22 @@ __device__ __forceinline__ Pack<T, N> add_residual(const Pack<T, N> &x, const Pa
 #pragma unroll
     for (int j = 0; j < N; j++) sum.e[j] = from_float<T>(to_float(res.e[j]) + to_float(x.e[j]));
     return sum;
+}
+
+/* Hints that `row` of the input (x or gate_up, and the residual) is read soon: one L2 prefetch per
+ * 128-byte line, spread over the row's threads. Rows past the end are skipped. An L2 prefetch may
+ * be issued before the PDL wait: the previous kernel's writes land in L2, so it cannot make a later
+ * load stale. */
+template <typename T, bool RESIDUAL, bool GATED>
+__device__ __forceinline__ void prefetch_row_l2(const NormArgs &a, int64_t row, int lane, int row_threads) {
+    if (row >= a.rows) return;
+    const int64_t bytes = a.cols * (int64_t)sizeof(T) * (GATED ? 2 : 1);
+    const char *x = static_cast<const char *>(a.x) + row * bytes;
+    const char *residual = RESIDUAL ? static_cast<const char *>(a.residual) + row * bytes : nullptr;
+    for (int64_t at = (int64_t)lane * 128; at < bytes; at += (int64_t)row_threads * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(x + at));
+        if (RESIDUAL) asm volatile("prefetch.global.L2 [%0];" ::"l"(residual + at));
+    }
 }
 
 struct SumMax {
@@ -253,11 +273,12 @@ template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, bool GATED
 __global__ void __launch_bounds__(WARP_PER_ROW ? 32 * WARP_ROWS_PER_BLOCK : BLOCK_MAX_THREADS)
 rmsnorm_registers(NormArgs a) {
     static_assert(!(RESIDUAL && GATED), "the residual add and the gate are not fused together");
-    wait_for_previous_kernel();
     const int row_threads = WARP_PER_ROW ? 32 : blockDim.x;
     const int lane = WARP_PER_ROW ? threadIdx.x % 32 : threadIdx.x;
     const int64_t rows_per_block = WARP_PER_ROW ? WARP_ROWS_PER_BLOCK : 1;
     const int64_t first_row = blockIdx.x * rows_per_block + (WARP_PER_ROW ? threadIdx.x / 32 : 0);
+    if (a.prefetch_first_row) prefetch_row_l2<T, RESIDUAL, GATED>(a, first_row, lane, row_threads);
+    wait_for_previous_kernel();
     const int vectors = (int)(a.cols / N); /* at most BLOCK_MAX_THREADS * BLOCK_MAX_V here */
     const void *v_src = RESIDUAL ? a.residual : a.x;
 
@@ -316,6 +337,7 @@ rmsnorm_registers(NormArgs a) {
                 accumulate<T, N, QUANT>(acc, v, w, p[k]);
             }
         }
+        if (a.prefetch_ahead) prefetch_row_l2<T, RESIDUAL, GATED>(a, row + a.prefetch_ahead, lane, row_threads);
         acc = row_reduce<WARP_PER_ROW>(acc);
         const float r = inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
@@ -470,7 +492,18 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     const int64_t max_grid = (int64_t)sm_count * 64;
     grid = grid < max_grid ? grid : max_grid;
 
-    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), 0, stream, a));
+    NormArgs args = a;
+    if (in_registers) {
+        /* Measured on an H100 (docs/rmsnorm.md): with the int8 codes, prefetching the first row and
+         * each row's input 9/10 of the resident rows ahead helps at every T; the plain norm gains
+         * from the first row's prefetch only where all its rows are resident at once. */
+        int per_sm = 0;
+        BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, 0));
+        const int64_t resident_rows = (int64_t)per_sm * sm_count * (warp_per_row ? WARP_ROWS_PER_BLOCK : 1);
+        args.prefetch_first_row = QUANT || a.rows <= resident_rows;
+        args.prefetch_ahead = QUANT ? resident_rows * 9 / 10 : 0;
+    }
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3((unsigned)grid), dim3((unsigned)threads), 0, stream, args));
     return BITNET_OK;
 }
 
@@ -505,12 +538,12 @@ bitnet_status run(int32_t device, int32_t dtype, bool gated, const NormArgs &a, 
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y, int8_t *y_q,
                               float *y_scales, void *stream) {
-    return run(device, dtype, false, NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H}, stream);
+    return run(device, dtype, false, NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H, false, 0}, stream);
 }
 
 bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                     const void *gate_up, const void *weight, float eps, void *y,
                                     int8_t *y_q, float *y_scales, void *stream) {
-    return run(device, dtype, true, NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F},
+    return run(device, dtype, true, NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F, false, 0},
                stream);
 }
