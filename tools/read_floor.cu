@@ -6,9 +6,10 @@
 //   kernel's output must;
 // - PDL, no wait: programmatic dependent launch with no griddepcontrol.wait, so a call's blocks start
 //   as soon as the previous call's leave room. No real dependent kernel can do this well.
-//   nvcc -O3 -arch=sm_90 -o /tmp/read_floor tools/read_floor.cu && /tmp/read_floor
+//   nvcc -O3 -arch=sm_90 -o /tmp/read_floor tools/read_floor.cu && /tmp/read_floor [MB ...]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -87,7 +88,12 @@ int time_graph(cudaStream_t stream, const uint4 *buffer, size_t n, size_t slots,
     return 0;
 }
 
-int main() {
+int main(int argc, char **argv) {
+    /* Default sizes: decode attention B = 1 at L = 1024, 4096 (K and V), rmsnorm_quantize
+     * T = 4096, gemv 5120x27648, decode attention at L = 32768. */
+    std::vector<double> sizes_mb = {2.62, 10.49, 31.47, 35.39, 83.9};
+    if (argc > 1) sizes_mb.clear();
+    for (int i = 1; i < argc; i++) sizes_mb.push_back(atof(argv[i]));
     const size_t total = 1ull << 30;
     uint4 *buffer;
     unsigned *sink;
@@ -96,9 +102,11 @@ int main() {
     CHECK(cudaMalloc(&sink, sizeof(unsigned)));
     CHECK(cudaMemset(buffer, 1, total));
     CHECK(cudaStreamCreate(&stream));
-    /* decode attention B = 1 at L = 1024, 4096, 32768 (K and V); rmsnorm_quantize T = 4096;
-     * gemv 5120x27648 */
-    for (double mb : {2.62, 10.49, 31.47, 35.39, 83.9}) {
+    for (double mb : sizes_mb) {
+        if (mb <= 0.0 || mb * 1e6 * 2 > total) {
+            fprintf(stderr, "sizes are MB, from 0 to %zu\n", total / 2000000);
+            return 1;
+        }
         const size_t bytes = (size_t)(mb * 1e6) / 16 * 16, n = bytes / 16;
         const size_t slots = std::min(total / bytes, std::max<size_t>(2, (512ull << 20) / bytes + 1));
         for (int pdl = 0; pdl < 2; pdl++) {
