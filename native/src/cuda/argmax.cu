@@ -38,11 +38,16 @@ __device__ inline void consider(float candidate, int64_t m, float &value, int &i
 }
 
 /* Block `slice` of row blockIdx.x / slices scans its share of the row; with several slices (one
- * thread-block cluster per row, sm_90) the slices' winners meet in the shared memory of rank 0. */
+ * thread-block cluster per row, sm_90) the slices' winners meet in the shared memory of rank 0.
+ * A block may write another's shared memory only once that block runs: every block arrives on the
+ * cluster barrier at its start and waits on it before its write. */
 __global__ void __launch_bounds__(THREADS) argmax_kernel(const float *x, int64_t M, int slices,
                                                         int32_t *out) {
     __shared__ float warp_value[THREADS / 32];
     __shared__ int warp_index[THREADS / 32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (slices > 1) cg::this_cluster().barrier_arrive();
+#endif
     bn_pdl_wait();
     bn_pdl_launch_dependents();
     const int64_t row_index = blockIdx.x / slices;
@@ -92,6 +97,7 @@ __global__ void __launch_bounds__(THREADS) argmax_kernel(const float *x, int64_t
     __shared__ float slice_value[MAX_SLICES];
     __shared__ int slice_index[MAX_SLICES];
     cg::cluster_group cluster = cg::this_cluster();
+    cluster.barrier_wait();
     if (threadIdx.x == 0) {
         *cluster.map_shared_rank(&slice_value[slice], 0) = value;
         *cluster.map_shared_rank(&slice_index[slice], 0) = index;
