@@ -7,8 +7,9 @@
  * unaligned rows, any call with eps = 0) take a loop over global memory, twice. Launched with
  * programmatic dependent launch; the register kernels prefetch rows into L2 (NormArgs).
  * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
- * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.68 us at T = 1 and
- * 2815 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize: 3.48 and 91.35 us).
+ * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.23 us at T = 1 and
+ * 2838 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize, before the L2 prefetches: 3.48 and
+ * 91.35 us).
  * H100, bf16, H = 2560, L2 cold: 2971 GB/s at T = 32768 (96% of the read bandwidth), 2676 GB/s
  * at T = 4096 (86%), 1.2 us at T = 1; with the int8 codes 3022 GB/s at T = 32768 and 2440 GB/s
  * at T = 4096 (79%). docs/rmsnorm.md. */
