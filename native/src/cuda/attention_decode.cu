@@ -44,14 +44,15 @@ constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
  * 6 to 80-81%). */
 template <bool CLUSTER> constexpr int kStages = CLUSTER ? 5 : 2;
 
-/* Cluster path: a block's merged rows (unnormalized), with each row's max and sum, which the
- * cluster's blocks read from one another's shared memory. */
+/* Cluster path: what the cluster's blocks push into this block's shared memory for its share of the
+ * outputs (see push_partial), and the barrier that completes once all of it has landed. */
 template <int D>
-struct ClusterPartial {
-    float o[kRows][D];
-    float ml[kRows][2];
+struct ClusterInbox {
+    float4 o[kRows * D / 4 + kMaxClusterSplits]; /* [split][owned float4], ceil(n4 / splits) each */
+    float2 ml[kMaxClusterSplits][kRows];         /* every split's (max, sum) of each row */
+    uint64_t landed;                             /* mbarrier, one phase */
 };
-struct NoPartial {};
+struct NoInbox {};
 
 /* Shared memory of one block: the K and V tile stages and the q rows, 16-byte chunks XOR-swizzled
  * for ldmatrix. After the key loop the tiles hold the warps' partial results. */
@@ -60,7 +61,7 @@ struct DecodeShared {
     uint4 k[kStages<CLUSTER>][kTileKeys][D / 8];
     uint4 v[kStages<CLUSTER>][kTileKeys][D / 8];
     uint4 q[kRows][D / 8];
-    std::conditional_t<CLUSTER, ClusterPartial<D>, NoPartial> partial;
+    std::conditional_t<CLUSTER, ClusterInbox<D>, NoInbox> inbox;
 };
 /* Rows padded by 8 floats: a warp's float2 stores of its accumulator fragments (rows g, columns 2t)
  * then hit 32 different banks (unpadded, 8-way conflicts made this combine 1.1 us instead of 0.65 at
@@ -107,40 +108,102 @@ __device__ __forceinline__ void prefetch_keys_l2(const T *k, const T *v, int64_t
 #endif
 }
 
-/* The cluster's splits (block ranks 0..splits-1) merged from their shared memory once every block
- * has its ClusterPartial in place: block `rank` finishes outputs rank * kThreads + i, i += splits *
- * kThreads, as out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). The cluster syncs
- * before (the partials are in place) and after (no block exits while another reads it). */
-template <typename T, int D, typename OutRow>
-__device__ void cluster_merge(const ClusterPartial<D> &partial, int rank, int splits, int rows,
-                              OutRow out_row, T *__restrict__ out) {
+/* Cluster path (sm_90): the splits' partials of a row block meet in the shared memory of their owners.
+ * Of the n4 = rows * D / 4 float4s of the row block's outputs (row-major), float4 j belongs to block
+ * j % splits. Every block pushes its partial of float4 j into the owner's inbox.o[split * per_split +
+ * j / splits] (per_split = ceil(n4 / splits)) and its (max, sum) of every row into every block's
+ * inbox.ml[split], with st.async, whose bytes complete the owner's mbarrier `landed`. A block may
+ * write another's shared memory only once that block runs and has initialized its mbarrier: each
+ * block does so, then arrives on the cluster barrier, and waits on it before its first push. No
+ * block exits before all the bytes pushed to it have landed (it owns at least float4 0 + rank). */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    for (int i = rank * kThreads + threadIdx.x; i < rows * D; i += splits * kThreads) {
-        const int r = i / D, d = i % D;
-        float m[kMaxClusterSplits], l[kMaxClusterSplits], o[kMaxClusterSplits];
+__device__ __forceinline__ uint32_t shared_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ uint32_t cluster_addr(const void *local, int rank) {
+    uint32_t addr;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(addr) : "r"(shared_addr(local)), "r"(rank));
+    return addr;
+}
+#endif
+
+template <int D>
+__device__ void inbox_open(ClusterInbox<D> &inbox, int rank, int splits, int rows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        const int n4 = rows * D / 4, owned = (n4 - rank + splits - 1) / splits;
+        const uint32_t bytes = splits * (owned * sizeof(float4) + rows * sizeof(float2));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(&inbox.landed)));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                     ::"r"(shared_addr(&inbox.landed)), "r"(bytes) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); /* the fence released the init */
+#endif
+}
+
+/* Block `rank`'s partial of output float4 j (unnormalized, with its row's max and sum) to its owner. */
+template <int D>
+__device__ __forceinline__ void push_partial(ClusterInbox<D> &inbox, int rank, int splits, int rows,
+                                             int j, float4 acc, float m, float l) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(D / 4 >= kMaxClusterSplits, "a row's float4s must cover every split");
+    const int per_split = (rows * D / 4 + splits - 1) / splits, owner = j % splits;
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(cluster_addr(&inbox.o[rank * per_split + j / splits], owner)), "f"(acc.x),
+                 "f"(acc.y), "f"(acc.z), "f"(acc.w), "r"(cluster_addr(&inbox.landed, owner)) : "memory");
+    const int r = j / (D / 4), to = j % (D / 4); /* float4 `to` of row r sends its (max, sum) to block `to` */
+    if (to < splits)
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                     ::"r"(cluster_addr(&inbox.ml[rank][r], to)), "f"(m), "f"(l),
+                     "r"(cluster_addr(&inbox.landed, to)) : "memory");
+#endif
+}
+
+/* out[0..3] = acc / l as T (out 8-byte aligned). */
+template <typename T>
+__device__ __forceinline__ void store4(T *out, float4 acc, float l) {
+    *reinterpret_cast<uint2 *>(out) =
+        make_uint2(pack2<T>(acc.x / l, acc.y / l), pack2<T>(acc.z / l, acc.w / l));
+}
+
+/* Block `rank` finishes the float4s it owns once every split's partial has landed:
+ * out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). */
+template <typename T, int D, typename OutRow>
+__device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits, int rows, OutRow out_row,
+                             T *__restrict__ out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int n4 = rows * D / 4, per_split = (n4 + splits - 1) / splits;
+    if (rank + (int)threadIdx.x * splits >= n4) return; /* nothing owned; thread 0 always owns one */
+    uint32_t landed = 0;
+    while (!landed)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;"
+                     " selp.u32 %0, 1, 0, p; }" : "=r"(landed) : "r"(shared_addr(&inbox.landed)) : "memory");
+    for (int local = threadIdx.x; rank + local * splits < n4; local += kThreads) {
+        const int j = rank + local * splits, r = j / (D / 4), d = j % (D / 4) * 4;
+        float m[kMaxClusterSplits], l[kMaxClusterSplits];
+        float4 o[kMaxClusterSplits];
         float m_max = -INFINITY;
 #pragma unroll
-        for (int s = 0; s < kMaxClusterSplits; s++) { /* all the remote loads in flight at once */
-            m[s] = -INFINITY, l[s] = 0.0f, o[s] = 0.0f;
+        for (int s = 0; s < kMaxClusterSplits; s++) { /* all the loads in flight at once */
+            m[s] = -INFINITY, l[s] = 0.0f, o[s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (s < splits) {
-                const ClusterPartial<D> *remote = cluster.map_shared_rank(&partial, s);
-                m[s] = remote->ml[r][0], l[s] = remote->ml[r][1], o[s] = remote->o[r][d];
+                m[s] = inbox.ml[s][r].x, l[s] = inbox.ml[s][r].y;
+                o[s] = inbox.o[s * per_split + local];
             }
             m_max = fmaxf(m_max, m[s]);
         }
         const float base = m_max == -INFINITY ? 0.0f : m_max;
-        float l_tot = 0.0f, acc = 0.0f;
+        float l_tot = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int s = 0; s < kMaxClusterSplits; s++) {
             const float weight = exp2f(m[s] - base);
             l_tot += weight * l[s];
-            acc += weight * o[s];
+            acc.x += weight * o[s].x, acc.y += weight * o[s].y, acc.z += weight * o[s].z, acc.w += weight * o[s].w;
         }
-        out[out_row(r) * D + d] = from_float<T>(acc / l_tot);
+        store4(out + out_row(r) * D + d, acc, l_tot);
     }
-    cluster.sync();
 #endif
 }
 
@@ -192,6 +255,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         tile_begin = split * tiles_per_split;
         tile_end = min(tiles, tile_begin + tiles_per_split);
     };
+    const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
+    const int rows = min(kRows, Sq * group - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
      * (With seq_lens, L may come from the previous kernel; guessing L = C prefetched tiles past L
      * and made the batch-8 demo's attention twice as slow.) */
@@ -200,9 +265,9 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
                                min(C, min(tile_end, tile_begin + kStageCount) * kTileKeys));
     }
+    /* (after the prefetches, which its fence would delay: L = 4096 at 8.6 us with it before them) */
+    if constexpr (CLUSTER) inbox_open(sm.inbox, split, num_splits, rows);
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
-    const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
-    const int rows = min(kRows, Sq * group - row0);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int L = seq_lens ? seq_lens[b] : C;
     auto out_row = [&](int r) { /* the row of out (and of q) that block row r is */
@@ -250,6 +315,12 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             load_tile<T, D>(sm.k[ahead_stage], sm.v[ahead_stage], k_head, v_head, stride,
                             ahead * kTileKeys, L);
         }
+        /* The cluster path lets the next kernel launch once this block has issued its last load,
+         * so that its blocks start on the free SMs and prefetch while this one finishes (H100, B =
+         * 1: L = 4096 8.0 -> 7.5 us, 32768 34.5 -> 33.4). Where the prologue issued every tile,
+         * that waits for the end of the key loop: launching right after the prologue was slower
+         * at L = 1024 (4.3 -> 4.45 us). */
+        if (CLUSTER && ahead == tile_end) bn_pdl_launch_dependents();
         cp_async_commit();
         cp_async_wait<kStageCount - 1>();
         if (first_row_last_key < L - 1 && (tile + 1) * kTileKeys - 1 > first_row_last_key)
@@ -311,7 +382,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     }
     cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the tiles before they hold partial results */
-    bn_pdl_launch_dependents();
+    if (!CLUSTER || tile_end - tile_begin < kStageCount - 1) bn_pdl_launch_dependents(); /* see above */
 
     /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory (rows 8-15
      * only where they are not all padding). */
@@ -335,36 +406,40 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
                              tile_begin * kTileKeys, min(L, tile_end * kTileKeys), scale_log2, out_row);
     }
     __syncthreads();
-#pragma unroll 4
-    for (int i = threadIdx.x; i < rows * D; i += kThreads) {
-        const int r = i / D, d = i % D;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CLUSTER) cg::this_cluster().barrier_wait(); /* every block may receive pushes */
+#endif
+    for (int j = threadIdx.x; j < rows * (D / 4); j += kThreads) { /* output float4s */
+        const int r = j / (D / 4), d = j % (D / 4) * 4;
         float m_tot = -INFINITY;
 #pragma unroll
         for (int w = 0; w < kWarps; w++) m_tot = fmaxf(m_tot, combine.m[w][r]);
         const float base = m_tot == -INFINITY ? 0.0f : m_tot;
-        float l_tot = 0.0f, acc = 0.0f;
+        float l_tot = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int w = 0; w < kWarps; w++) {
-            float weight = exp2f(combine.m[w][r] - base);
+            const float weight = exp2f(combine.m[w][r] - base);
+            const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
             l_tot += weight * combine.l[w][r];
-            acc += weight * combine.o[w][r][d];
+            acc.x += weight * o.x, acc.y += weight * o.y, acc.z += weight * o.z, acc.w += weight * o.w;
         }
         const int64_t row = out_row(r);
         if (num_splits == 1) {
-            out[row * D + d] = from_float<T>(acc / l_tot);
+            store4(out + row * D + d, acc, l_tot);
         } else if constexpr (CLUSTER) {
-            sm.partial.o[r][d] = acc;
-            if (d == 0) sm.partial.ml[r][0] = m_tot, sm.partial.ml[r][1] = l_tot;
+            push_partial(sm.inbox, split, num_splits, rows, j, acc, m_tot, l_tot);
         } else {
             const int64_t slot = row * num_splits + split;
-            partial_out[slot * D + d] = acc;
+            float *dst = partial_out + slot * D + d;
+            dst[0] = acc.x, dst[1] = acc.y, dst[2] = acc.z, dst[3] = acc.w;
             if (d == 0) {
                 partial_ml[2 * slot] = m_tot;
                 partial_ml[2 * slot + 1] = l_tot;
             }
         }
     }
-    if constexpr (CLUSTER) cluster_merge(sm.partial, split, num_splits, rows, out_row, out);
+    if constexpr (CLUSTER) finish_owned(sm.inbox, split, num_splits, rows, out_row, out);
 }
 
 /* One block per output row: w_s = 2^(m_s - max m), out = sum_s w_s acc_s / sum_s w_s l_s. Each warp
@@ -480,7 +555,8 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     if (Hkv * row_blocks > 65535 || B > 65535 || B * Sq * Hq > INT32_MAX)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Hkv = %lld too large "
                        "for the decode grid", (long long)B, (long long)Hkv);
-    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false>), "combine overlay too big");
+    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false>::k) + sizeof(DecodeShared<D, false>::v),
+                  "the warps' combine must fit over the tiles");
     const float scale_log2 = scale * 1.4426950408889634f;
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
 
