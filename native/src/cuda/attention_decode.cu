@@ -5,15 +5,15 @@
  * the keys through shared memory (cp.async, 64-key tiles); each warp does q.k and p.v for 16 keys
  * of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
  * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
- *   block per SM with 5 tiles in flight, and merge through distributed shared memory in the same
- *   kernel: no workspace, no second kernel;
+ *   block per SM with 5 tiles in flight; each pushes its partial into the shared memory of the
+ *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
  * - split path: about 3 blocks per SM, 2 tiles in flight, partials in the workspace and a merge
  *   kernel.
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C). Bytes moved: the K and V rows up to
  * seq_len. Tiles with keys that the causal mask hides from some rows are scanned for inf and NaN
- * values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 5.1 us (L = 1024),
- * 8.1 us (4096), 81-84% of read bandwidth (32768); B = 8, L = 32768 at 93% (docs/attention.md). */
+ * values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.3 us (L = 1024),
+ * 7.4 us (4096), 81% of read bandwidth (32768); B = 8, L = 32768 at 93% (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -265,8 +265,6 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
                                min(C, min(tile_end, tile_begin + kStageCount) * kTileKeys));
     }
-    /* (after the prefetches, which its fence would delay: L = 4096 at 8.6 us with it before them) */
-    if constexpr (CLUSTER) inbox_open(sm.inbox, split, num_splits, rows);
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int L = seq_lens ? seq_lens[b] : C;
@@ -294,6 +292,10 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         cp_async_commit();
     }
 
+    /* Here, behind the first loads: its fence before the PDL wait made the demo's decode step 2%
+     * slower (where seq_lens leave nothing to prefetch), and before the prefetches, L = 4096 8.6 us
+     * instead of 7.4. */
+    if constexpr (CLUSTER) inbox_open(sm.inbox, split, num_splits, rows);
     /* This lane's rows g and g + 8 see keys up to last_key[.] (rows past `rows` are padding). */
     int last_key[2];
 #pragma unroll
@@ -318,8 +320,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         /* The cluster path lets the next kernel launch once this block has issued its last load,
          * so that its blocks start on the free SMs and prefetch while this one finishes (H100, B =
          * 1: L = 4096 8.0 -> 7.5 us, 32768 34.5 -> 33.4). Where the prologue issued every tile,
-         * that waits for the end of the key loop: launching right after the prologue was slower
-         * at L = 1024 (4.3 -> 4.45 us). */
+         * that waits for the end of the key loop: launching at the kernel's start was slower at
+         * L = 1024 (4.3 -> 4.45-4.5 us). */
         if (CLUSTER && ahead == tile_end) bn_pdl_launch_dependents();
         cp_async_commit();
         cp_async_wait<kStageCount - 1>();
