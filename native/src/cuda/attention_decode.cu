@@ -115,7 +115,8 @@ __device__ __forceinline__ void prefetch_keys_l2(const T *k, const T *v, int64_t
  * inbox.ml[split], with st.async, whose bytes complete the owner's mbarrier `landed`. A block may
  * write another's shared memory only once that block runs and has initialized its mbarrier: each
  * block does so, then arrives on the cluster barrier, and waits on it before its first push. No
- * block exits before all the bytes pushed to it have landed (it owns at least float4 0 + rank). */
+ * block exits before all the bytes pushed to it have landed: each owns at least float4 `rank`
+ * (n4 >= D / 4 >= kMaxClusterSplits), so its thread 0 waits for them. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t shared_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
