@@ -161,6 +161,11 @@ __device__ __forceinline__ void push_partial(ClusterInbox<D> &inbox, int rank, i
 #endif
 }
 
+/* acc += weight * o, per component. */
+__device__ __forceinline__ void add_scaled(float4 &acc, float weight, float4 o) {
+    acc.x += weight * o.x, acc.y += weight * o.y, acc.z += weight * o.z, acc.w += weight * o.w;
+}
+
 /* out[0..3] = acc / l as T (out 8-byte aligned). */
 template <typename T>
 __device__ __forceinline__ void store4(T *out, float4 acc, float l) {
@@ -201,7 +206,7 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits,
         for (int s = 0; s < kMaxClusterSplits; s++) {
             const float weight = exp2f(m[s] - base);
             l_tot += weight * l[s];
-            acc.x += weight * o[s].x, acc.y += weight * o[s].y, acc.z += weight * o[s].z, acc.w += weight * o[s].w;
+            add_scaled(acc, weight, o[s]);
         }
         store4(out + out_row(r) * D + d, acc, l_tot);
     }
@@ -425,7 +430,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             const float weight = exp2f(combine.m[w][r] - base);
             const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
             l_tot += weight * combine.l[w][r];
-            acc.x += weight * o.x, acc.y += weight * o.y, acc.z += weight * o.z, acc.w += weight * o.w;
+            add_scaled(acc, weight, o);
         }
         const int64_t row = out_row(r);
         if (num_splits == 1) {
