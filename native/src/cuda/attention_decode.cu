@@ -51,6 +51,14 @@ struct ClusterInbox {
     float4 o[kRows * D / 4 + kMaxClusterSplits]; /* [split][owned float4], ceil(n4 / splits) each */
     float2 ml[kMaxClusterSplits][kRows];         /* every split's (max, sum) of each row */
     uint64_t landed;                             /* mbarrier, one phase */
+
+    /* The row block's output float4s (n4), each split's share of them (ceil(n4 / splits), the
+     * size of its slot in o), and how many of them block `rank` owns (see push_partial). */
+    __device__ static int float4s(int rows) { return rows * D / 4; }
+    __device__ static int per_split(int rows, int splits) { return (float4s(rows) + splits - 1) / splits; }
+    __device__ static int owned(int rows, int splits, int rank) {
+        return (float4s(rows) - rank + splits - 1) / splits;
+    }
 };
 struct NoInbox {};
 
@@ -132,7 +140,7 @@ template <int D>
 __device__ void inbox_open(ClusterInbox<D> &inbox, int rank, int splits, int rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (threadIdx.x == 0) {
-        const int n4 = rows * D / 4, owned = (n4 - rank + splits - 1) / splits;
+        const int owned = ClusterInbox<D>::owned(rows, splits, rank);
         const uint32_t bytes = splits * (owned * sizeof(float4) + rows * sizeof(float2));
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(&inbox.landed)));
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
@@ -149,7 +157,7 @@ __device__ __forceinline__ void push_partial(ClusterInbox<D> &inbox, int rank, i
                                              int j, float4 acc, float m, float l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     static_assert(D / 4 >= kMaxClusterSplits, "a row's float4s must cover every split");
-    const int per_split = (rows * D / 4 + splits - 1) / splits, owner = j % splits;
+    const int per_split = ClusterInbox<D>::per_split(rows, splits), owner = j % splits;
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
                  ::"r"(cluster_addr(&inbox.o[rank * per_split + j / splits], owner)), "f"(acc.x),
                  "f"(acc.y), "f"(acc.z), "f"(acc.w), "r"(cluster_addr(&inbox.landed, owner)) : "memory");
@@ -179,7 +187,7 @@ template <typename T, int D, typename OutRow>
 __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits, int rows, OutRow out_row,
                              T *__restrict__ out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int n4 = rows * D / 4, per_split = (n4 + splits - 1) / splits;
+    const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, splits);
     if (rank + (int)threadIdx.x * splits >= n4) return; /* nothing owned; thread 0 always owns one */
     uint32_t landed = 0;
     while (!landed)
