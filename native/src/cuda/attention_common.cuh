@@ -114,6 +114,17 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* 2^x for x <= 0 (a softmax weight): ex2.approx with subnormal results flushed to 0, one MUFU
+ * instruction where exp2f adds a subnormal range check and two multiplies. A weight below 2^-126
+ * beside the largest one (1) changes no float32 sum. On an H100 it took decode at batch 1 from 4.3
+ * to 4.1 us (L = 1024) and 33.2 to 32.6 us (L = 32768), prefill at L = 4096 from 251 to 259
+ * TFLOP/s. */
+__device__ __forceinline__ float exp2_weight(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* One step of the online softmax for a lane's accumulator rows g and g + 8 (halves 0 and 1), given
  * the rows' maxima over this lane's scores of a key tile: the running max m_run takes the tile's
  * (over the quad), the running sum l_run is rescaled; `base` is the max the tile's scores are
@@ -126,7 +137,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&tile_max)[2], 
     for (int half = 0; half < 2; half++) {
         float m_new = fmaxf(m_run[half], quad_max(tile_max[half]));
         base[half] = m_new == -INFINITY ? 0.0f : m_new;
-        rescale[half] = exp2f(m_run[half] - base[half]);
+        rescale[half] = exp2_weight(m_run[half] - base[half]);
         m_run[half] = m_new;
         l_run[half] *= rescale[half];
     }
@@ -180,7 +191,7 @@ __device__ void attend_row(const T *q_row, const T *k, const T *v, int64_t strid
         for (int i = 0; i < kCols; i++) dot += qf[i] * kf[i];
         const float score = warp_sum(dot) * scale_log2, m_new = fmaxf(m, score);
         const float base = m_new == -INFINITY ? 0.0f : m_new;
-        const float rescale = exp2f(m - base), p = exp2f(score - base);
+        const float rescale = exp2_weight(m - base), p = exp2_weight(score - base);
         m = m_new, l = l * rescale + p;
 #pragma unroll
         for (int i = 0; i < kCols; i++) o[i] = o[i] * rescale + p * vf[i];
@@ -192,8 +203,8 @@ __device__ void attend_row(const T *q_row, const T *k, const T *v, int64_t strid
 template <typename T>
 __device__ __forceinline__ void softmax_probs(const float (&s)[4], const float (&base)[2],
                                               float (&l_run)[2], uint32_t &lo, uint32_t &hi) {
-    float p0 = exp2f(s[0] - base[0]), p1 = exp2f(s[1] - base[0]);
-    float p2 = exp2f(s[2] - base[1]), p3 = exp2f(s[3] - base[1]);
+    float p0 = exp2_weight(s[0] - base[0]), p1 = exp2_weight(s[1] - base[0]);
+    float p2 = exp2_weight(s[2] - base[1]), p3 = exp2_weight(s[3] - base[1]);
     l_run[0] += p0 + p1;
     l_run[1] += p2 + p3;
     lo = pack2<T>(p0, p1);

@@ -212,7 +212,7 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits,
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int s = 0; s < kMaxClusterSplits; s++) {
-            const float weight = exp2f(m[s] - base);
+            const float weight = exp2_weight(m[s] - base);
             l_tot += weight * l[s];
             add_scaled(acc, weight, o[s]);
         }
@@ -435,7 +435,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int w = 0; w < kWarps; w++) {
-            const float weight = exp2f(combine.m[w][r] - base);
+            const float weight = exp2_weight(combine.m[w][r] - base);
             const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
             l_tot += weight * combine.l[w][r];
             add_scaled(acc, weight, o);
@@ -491,7 +491,7 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
     for (int w = 1; w < kMergeWarps; w++) m_max = fmaxf(m_max, warp_result[w]);
     float l = 0.0f;
     for (int s = threadIdx.x; s < num_splits; s += blockDim.x) {
-        float w = exp2f(ml[2 * s] - m_max);
+        float w = exp2_weight(ml[2 * s] - m_max);
         weight[s] = w;
         l += w * ml[2 * s + 1];
     }
