@@ -44,6 +44,15 @@ constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
  * 6 to 80-81%). */
 template <bool CLUSTER> constexpr int kStages = CLUSTER ? 5 : 2;
 
+/* Tiles that a block prefetches into L2 before its PDL wait: its first load's, except on the cluster
+ * path where a split has more tiles than that load takes (batch 1 at 20/5 heads: L > 4096): there
+ * only 2. The blocks that start early, beside the previous call, would otherwise delay its last
+ * loads with their burst (H100, B = 1, 4 or 5 tiles -> 2: L = 8192 11.0 -> 10.5 us, 16384 18.2 ->
+ * 17.5, 32768 32.6 -> 31.8; 8 to 16 tiles made 32768 slower, 33.2 to 37 us). */
+template <bool CLUSTER> __device__ __forceinline__ int prefetch_tiles(int split_tiles) {
+    return CLUSTER && split_tiles > kStages<CLUSTER> - 1 ? 2 : kStages<CLUSTER>;
+}
+
 /* Cluster path: what the cluster's blocks push into this block's shared memory for its share of the
  * outputs (see push_partial), and the barrier that completes once all of it has landed. */
 template <int D>
@@ -277,7 +286,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     if (seq_lens == nullptr) {
         split_tiles(C);
         prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
-                               min(C, min(tile_end, tile_begin + kStageCount) * kTileKeys));
+                               min(C, min(tile_end, tile_begin + prefetch_tiles<CLUSTER>(tile_end - tile_begin))
+                                          * kTileKeys));
     }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
