@@ -241,6 +241,8 @@ GPU_DECODE_CASES = [  # (B, Sq, Hq, Hkv, D, C)
     (3, 1, 8, 1, 128, 4096), (1, 1, 20, 5, 128, 40000), (2, 4, 20, 5, 128, 1000),
     (2, 16, 8, 1, 64, 333), (1, 2, 32, 8, 64, 4096), (2, 5, 20, 5, 128, 300),
     (1, 8, 32, 4, 64, 2000), (1, 1, 8, 1, 64, 70000),  # the last: splits too long for a cluster
+    # cluster splits of 9 and 20 tiles: 5 and 6 stages (4 above at C = 4096)
+    (1, 1, 20, 5, 128, 9000), (1, 1, 16, 2, 64, 20000),
     # more (sequence, KV head) groups than half the SMs: split-KV with the merge kernel, not clusters
     (12, 1, 48, 8, 128, 2000)]
 

@@ -38,19 +38,24 @@ constexpr int kMaxClusterSplits = 16;
  * L = 131072: 128 tiles per split, where streaming on every SM wins and the merge is cheap). */
 constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
 
-/* Tiles in flight per block: 2 where several blocks share an SM (splits merged by merge_kernel), 5
- * for the cluster path's one block per SM, which alone keeps 160 KB (D = 128) of loads in flight
- * (on an H100, 3 stages took L = 32768 at batch 1 from 81% of read bandwidth to 65%, 5 to 82-83%,
- * 6 to 80-81%). */
-template <bool CLUSTER> constexpr int kStages = CLUSTER ? 5 : 2;
+/* Tiles in flight per block: 2 where several blocks share an SM (splits merged by merge_kernel); on
+ * the cluster path's one block per SM, 4 to 6 by the tiles of a split (cluster_stages). */
+constexpr int kSplitStages = 2;
+
+/* The cluster path's tiles in flight per block, which alone keeps 128 to 192 KB (D = 128) of loads
+ * in flight: 5, 4 where a split has at most 4 tiles, 6 where it has 16 or more. H100, B = 1, 4 / 5
+ * / 6 stages: L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us; 8192 10.6 / 10.5 / 10.8;
+ * 16384 18.0-18.3 / 17.4-17.6 / 17.2-17.4; 32768 32.2-32.3 / 31.7-31.9 / 31.4-31.7 (3 stages
+ * there: 65% of read bandwidth). */
+int cluster_stages(int64_t split_tiles) { return split_tiles <= 4 ? 4 : split_tiles < 16 ? 5 : 6; }
 
 /* Tiles that a block prefetches into L2 before its PDL wait: its first load's, except on the cluster
- * path where a split has more tiles than that load takes (batch 1 at 20/5 heads: L > 4096): there
- * only 2. The blocks that start early, beside the previous call, would otherwise delay its last
- * loads with their burst (H100, B = 1, 4 or 5 tiles -> 2: L = 8192 11.0 -> 10.5 us, 16384 18.2 ->
- * 17.5, 32768 32.6 -> 31.8; 8 to 16 tiles made 32768 slower, 33.2 to 37 us). */
-template <bool CLUSTER> __device__ __forceinline__ int prefetch_tiles(int split_tiles) {
-    return CLUSTER && split_tiles > kStages<CLUSTER> - 1 ? 2 : kStages<CLUSTER>;
+ * path where a split has more tiles than that load takes: there only 2. The blocks that start
+ * early, beside the previous call, would otherwise delay its last loads with their burst (H100, B =
+ * 1, 5 stages, 4 or 5 tiles -> 2: L = 8192 11.0 -> 10.5 us, 16384 18.2 -> 17.5, 32768 32.6 -> 31.8;
+ * 8 to 16 tiles made 32768 slower, 33.2 to 37 us). */
+template <bool CLUSTER, int STAGES> __device__ __forceinline__ int prefetch_tiles(int split_tiles) {
+    return CLUSTER && split_tiles > STAGES - 1 ? 2 : STAGES;
 }
 
 /* Cluster path: what the cluster's blocks push into this block's shared memory for its share of the
@@ -73,10 +78,10 @@ struct NoInbox {};
 
 /* Shared memory of one block: the K and V tile stages and the q rows, 16-byte chunks XOR-swizzled
  * for ldmatrix. After the key loop the tiles hold the warps' partial results. */
-template <int D, bool CLUSTER>
+template <int D, bool CLUSTER, int STAGES>
 struct DecodeShared {
-    uint4 k[kStages<CLUSTER>][kTileKeys][D / 8];
-    uint4 v[kStages<CLUSTER>][kTileKeys][D / 8];
+    uint4 k[STAGES][kTileKeys][D / 8];
+    uint4 v[STAGES][kTileKeys][D / 8];
     uint4 q[kRows][D / 8];
     std::conditional_t<CLUSTER, ClusterInbox<D>, NoInbox> inbox;
 };
@@ -256,15 +261,15 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
  * max and sum; the 4 warps are combined at the end. Fragment coordinates as in PTX m16n8k16: lane
  * 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide n tile. */
-template <typename T, int D, bool CLUSTER>
+template <typename T, int D, bool CLUSTER, int STAGES>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
               const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
               float scale_log2, int num_splits, T *__restrict__ out,
               float *__restrict__ partial_out, float *__restrict__ partial_ml) {
-    constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = kStages<CLUSTER>;
+    constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER> *>(smem_bytes);
+    auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
     const int split = blockIdx.x, kvh = blockIdx.y % Hkv, b = blockIdx.z;
     const int64_t stride = (int64_t)Hkv * D;
@@ -286,7 +291,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     if (seq_lens == nullptr) {
         split_tiles(C);
         prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
-                               min(C, min(tile_end, tile_begin + prefetch_tiles<CLUSTER>(tile_end - tile_begin))
+                               min(C, min(tile_end, tile_begin + prefetch_tiles<CLUSTER, STAGES>(tile_end - tile_begin))
                                           * kTileKeys));
     }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
@@ -539,35 +544,53 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
     }
 }
 
-/* Splits per (sequence, KV head, row block) on the cluster path, or 0 where it does not apply. It
- * needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits splits per group of at
- * most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters at once
- * (bn_max_active_clusters_cached). On sm_90 it also sets the cluster kernel's attributes, which
- * older GPUs refuse (its shared memory is over sm_86's limit). */
+/* Sets the attributes of the cluster kernel with STAGES tiles in flight, which older GPUs refuse
+ * (its shared memory is over sm_86's limit), and how many clusters of `size` blocks fit at once. */
+template <typename T, int D, int STAGES>
+bitnet_status cluster_fit(int32_t device, int size, int *fit) {
+    auto kernel = decode_kernel<T, D, true, STAGES>;
+    constexpr size_t shared_bytes = sizeof(DecodeShared<D, true, STAGES>);
+    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    return bn_max_active_clusters_cached<decode_kernel<T, D, true, STAGES>>(device, (unsigned)size, dim3(kThreads),
+                                                                           shared_bytes, fit);
+}
+
 template <typename T, int D>
-bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits) {
+bitnet_status cluster_fit(int32_t device, int size, int stages, int *fit) {
+    return stages == 4 ? cluster_fit<T, D, 4>(device, size, fit)
+         : stages == 5 ? cluster_fit<T, D, 5>(device, size, fit)
+                       : cluster_fit<T, D, 6>(device, size, fit);
+}
+
+/* Splits per (sequence, KV head, row block) on the cluster path and its stages, or 0 splits where
+ * it does not apply. It needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits
+ * splits per group of at most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters
+ * at once (with 5 stages, and with the stages that the split's tiles take; else 5). */
+template <typename T, int D>
+bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits, int *stages) {
     *splits = 0;
     int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
     if (major < 9) return BITNET_OK;
-    auto kernel = decode_kernel<T, D, true>;
-    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)sizeof(DecodeShared<D, true>)));
-    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t tiles = (C + kTileKeys - 1) / kTileKeys;
     int64_t want = sms / groups;
     want = want < tiles ? want : tiles;
     want = want < kMaxClusterSplits ? want : kMaxClusterSplits;
     for (int size = (int)want; size >= kMinClusterSplits; size--) {
-        if ((tiles + size - 1) / size > kMaxClusterTilesPerSplit) break;
+        const int64_t split_tiles = (tiles + size - 1) / size;
+        if (split_tiles > kMaxClusterTilesPerSplit) break;
         int fit = 0;
-        BN_TRY((bn_max_active_clusters_cached<decode_kernel<T, D, true>>(
-            device, (unsigned)size, dim3(kThreads), sizeof(DecodeShared<D, true>), &fit)));
-        if (fit >= groups) {
-            *splits = size;
-            break;
+        BN_TRY((cluster_fit<T, D, 5>(device, size, &fit)));
+        if (fit < groups) continue;
+        *splits = size;
+        *stages = 5;
+        if (cluster_stages(split_tiles) != 5) {
+            BN_TRY((cluster_fit<T, D>(device, size, cluster_stages(split_tiles), &fit)));
+            if (fit >= groups) *stages = cluster_stages(split_tiles);
         }
+        break;
     }
     return BITNET_OK;
 }
@@ -581,18 +604,22 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     if (Hkv * row_blocks > 65535 || B > 65535 || B * Sq * Hq > INT32_MAX)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Hkv = %lld too large "
                        "for the decode grid", (long long)B, (long long)Hkv);
-    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false>::k) + sizeof(DecodeShared<D, false>::v),
+    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false, kSplitStages>::k) +
+                                                sizeof(DecodeShared<D, false, kSplitStages>::v),
                   "the warps' combine must fit over the tiles");
     const float scale_log2 = scale * 1.4426950408889634f;
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
 
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
-    int splits = 0;
-    BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits)));
+    int splits = 0, stages = 0;
+    BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits, &stages)));
     if (splits > 0) {
         grid.x = (unsigned)splits;
-        BN_CUDA_TRY(bn_launch_pdl_cluster(decode_kernel<T, D, true>, grid, dim3(kThreads),
-                                          sizeof(DecodeShared<D, true>), (unsigned)splits, stream,
+        auto kernel = stages == 4 ? decode_kernel<T, D, true, 4>
+                    : stages == 5 ? decode_kernel<T, D, true, 5> : decode_kernel<T, D, true, 6>;
+        const size_t shared_bytes = stages == 4 ? sizeof(DecodeShared<D, true, 4>)
+                                  : stages == 5 ? sizeof(DecodeShared<D, true, 5>) : sizeof(DecodeShared<D, true, 6>);
+        BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), shared_bytes, (unsigned)splits, stream,
                                           static_cast<const T *>(q), static_cast<const T *>(k),
                                           static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
                                           (int)Hq, (int)Hkv, causal, scale_log2, splits,
@@ -600,8 +627,8 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
         return BITNET_OK;
     }
 
-    auto kernel = decode_kernel<T, D, false>;
-    const size_t smem = sizeof(DecodeShared<D, false>);
+    auto kernel = decode_kernel<T, D, false, kSplitStages>;
+    const size_t smem = sizeof(DecodeShared<D, false, kSplitStages>);
     BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = B * Sq * Hq;
     float *partial_out = static_cast<float *>(workspace);
