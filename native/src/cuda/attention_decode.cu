@@ -5,15 +5,15 @@
  * the keys through shared memory (cp.async, 64-key tiles); each warp does q.k and p.v for 16 keys
  * of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
  * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
- *   block per SM with 5 tiles in flight; each pushes its partial into the shared memory of the
+ *   block per SM with 4 to 6 tiles in flight; each pushes its partial into the shared memory of the
  *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
  * - split path: about 3 blocks per SM, 2 tiles in flight, partials in the workspace and a merge
  *   kernel.
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
- * first tiles into L2 when there are no seq_lens (L = C). Bytes moved: the K and V rows up to
- * seq_len. Tiles with keys that the causal mask hides from some rows are scanned for inf and NaN
- * values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.0 us (L = 1024),
- * 7.1 us (4096), 82% of read bandwidth (32768); B = 8, L = 32768 at 94% (docs/attention.md). */
+ * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
+ * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
+ * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.1 us (L = 1024),
+ * 7.1-7.2 us (4096), 85% of read bandwidth (32768); B = 8, L = 32768 at 93% (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
