@@ -267,6 +267,9 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
               const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
               float scale_log2, int num_splits, T *__restrict__ out,
               float *__restrict__ partial_out, float *__restrict__ partial_ml) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    if (CLUSTER) return; /* launched on sm_90 only (cluster_splits): no code for older GPUs */
+#endif
     constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
