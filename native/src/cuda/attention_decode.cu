@@ -12,8 +12,9 @@
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
- * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.1 us (L = 1024),
- * 7.1-7.2 us (4096), 85% of read bandwidth (32768); B = 8, L = 32768 at 93% (docs/attention.md). */
+ * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.1
+ * us (L = 1024), 7.1-7.2 us (4096), 85% of read bandwidth (32768); B = 8, L = 32768 at 93%
+ * (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -547,31 +548,40 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
     }
 }
 
-/* Sets the attributes of the cluster kernel with STAGES tiles in flight, which older GPUs refuse
- * (its shared memory is over sm_86's limit), and how many clusters of `size` blocks fit at once. */
+/* A cluster kernel, for one stage count, and its shared memory (every instance for T has the type
+ * of this one). */
+template <typename T>
+struct ClusterKernel {
+    decltype(&decode_kernel<T, 64, true, 4>) kernel;
+    size_t shared_bytes;
+};
+
+/* The cluster kernel with STAGES tiles in flight: sets its attributes, which older GPUs refuse (its
+ * shared memory is over sm_86's limit), and finds how many clusters of `size` blocks fit at once. */
 template <typename T, int D, int STAGES>
-bitnet_status cluster_fit(int32_t device, int size, int *fit) {
-    auto kernel = decode_kernel<T, D, true, STAGES>;
-    constexpr size_t shared_bytes = sizeof(DecodeShared<D, true, STAGES>);
-    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
-    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    return bn_max_active_clusters_cached<decode_kernel<T, D, true, STAGES>>(device, (unsigned)size, dim3(kThreads),
-                                                                           shared_bytes, fit);
+bitnet_status cluster_fit(int32_t device, int size, ClusterKernel<T> *cluster, int *fit) {
+    *cluster = {decode_kernel<T, D, true, STAGES>, sizeof(DecodeShared<D, true, STAGES>)};
+    BN_CUDA_TRY(cudaFuncSetAttribute(cluster->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)cluster->shared_bytes));
+    BN_CUDA_TRY(cudaFuncSetAttribute(cluster->kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    return bn_max_active_clusters_cached<decode_kernel<T, D, true, STAGES>>(
+        device, (unsigned)size, dim3(kThreads), cluster->shared_bytes, fit);
 }
 
 template <typename T, int D>
-bitnet_status cluster_fit(int32_t device, int size, int stages, int *fit) {
-    return stages == 4 ? cluster_fit<T, D, 4>(device, size, fit)
-         : stages == 5 ? cluster_fit<T, D, 5>(device, size, fit)
-                       : cluster_fit<T, D, 6>(device, size, fit);
+bitnet_status cluster_fit(int32_t device, int size, int stages, ClusterKernel<T> *cluster, int *fit) {
+    return stages == 4 ? cluster_fit<T, D, 4>(device, size, cluster, fit)
+         : stages == 5 ? cluster_fit<T, D, 5>(device, size, cluster, fit)
+                       : cluster_fit<T, D, 6>(device, size, cluster, fit);
 }
 
-/* Splits per (sequence, KV head, row block) on the cluster path and its stages, or 0 splits where
+/* Splits per (sequence, KV head, row block) on the cluster path and its kernel, or 0 splits where
  * it does not apply. It needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits
  * splits per group of at most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters
  * at once (with 5 stages, and with the stages that the split's tiles take; else 5). */
 template <typename T, int D>
-bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits, int *stages) {
+bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits,
+                             ClusterKernel<T> *cluster) {
     *splits = 0;
     int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
@@ -585,13 +595,14 @@ bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *spl
         const int64_t split_tiles = (tiles + size - 1) / size;
         if (split_tiles > kMaxClusterTilesPerSplit) break;
         int fit = 0;
-        BN_TRY((cluster_fit<T, D, 5>(device, size, &fit)));
+        BN_TRY((cluster_fit<T, D>(device, size, 5, cluster, &fit)));
         if (fit < groups) continue;
         *splits = size;
-        *stages = 5;
-        if (cluster_stages(split_tiles) != 5) {
-            BN_TRY((cluster_fit<T, D>(device, size, cluster_stages(split_tiles), &fit)));
-            if (fit >= groups) *stages = cluster_stages(split_tiles);
+        const int stages = cluster_stages(split_tiles);
+        if (stages != 5) {
+            ClusterKernel<T> staged;
+            BN_TRY((cluster_fit<T, D>(device, size, stages, &staged, &fit)));
+            if (fit >= groups) *cluster = staged;
         }
         break;
     }
@@ -614,15 +625,13 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
 
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
-    int splits = 0, stages = 0;
-    BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits, &stages)));
+    int splits = 0;
+    ClusterKernel<T> cluster{};
+    BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits, &cluster)));
     if (splits > 0) {
         grid.x = (unsigned)splits;
-        auto kernel = stages == 4 ? decode_kernel<T, D, true, 4>
-                    : stages == 5 ? decode_kernel<T, D, true, 5> : decode_kernel<T, D, true, 6>;
-        const size_t shared_bytes = stages == 4 ? sizeof(DecodeShared<D, true, 4>)
-                                  : stages == 5 ? sizeof(DecodeShared<D, true, 5>) : sizeof(DecodeShared<D, true, 6>);
-        BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), shared_bytes, (unsigned)splits, stream,
+        BN_CUDA_TRY(bn_launch_pdl_cluster(cluster.kernel, grid, dim3(kThreads), cluster.shared_bytes,
+                                          (unsigned)splits, stream,
                                           static_cast<const T *>(q), static_cast<const T *>(k),
                                           static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
                                           (int)Hq, (int)Hkv, causal, scale_log2, splits,
