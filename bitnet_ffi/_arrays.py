@@ -44,13 +44,14 @@ class Array:
     __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "device", "cai_stream")
 
     def __init__(self, obj, kind, ptr, shape, dtype, device, cai_stream=None):
+        """shape: a tuple of Python ints (the callers convert, once)."""
         self.obj, self.kind, self.ptr = obj, kind, ptr
-        self.shape, self.dtype, self.device = tuple(int(d) for d in shape), dtype, device
+        self.shape, self.dtype, self.device = shape, dtype, device
         self.cai_stream = cai_stream
 
     @property
     def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def cptr(self, ctype="void *"):
         return _ffi.ffi.cast(ctype, self.ptr)
@@ -75,10 +76,7 @@ def as_array(obj, name):
     if isinstance(obj, DeviceArray):
         return Array(obj, "bitnet", obj.ptr, obj.shape, obj.dtype, obj.device)
     if isinstance(obj, np.ndarray):
-        dtype = obj.dtype.name
-        if dtype not in DTYPE_CODES:
-            raise InvalidArgumentError(f"{name}: dtype {obj.dtype} is not supported "
-                                       f"(expected one of {', '.join(DTYPE_CODES)})")
+        dtype = _NUMPY_DTYPES.get(obj.dtype) or _numpy_dtype_name(obj.dtype, name)
         if not obj.flags.c_contiguous:
             raise InvalidArgumentError(f"{name}: the array is not C-contiguous (strides "
                                        f"{obj.strides}); pass np.ascontiguousarray({name})")
@@ -93,25 +91,46 @@ def as_array(obj, name):
                                f"got {type(obj).__name__}")
 
 
+# dtype objects -> our dtype names, so that an array's dtype costs one dict lookup: numpy's
+# dtype.name takes 3 us (eager ops' host time: docs/developing.md). numpy: the native byte order
+# only, bfloat16 added once seen; torch: filled as dtypes are first seen.
+_NUMPY_DTYPES = {np.dtype(n): n for n in DTYPE_CODES if n != "bfloat16"}
+_TORCH_DTYPES = {}
+
+
+def _numpy_dtype_name(dtype, name):
+    """The dtype name of a numpy dtype that is not (yet) in _NUMPY_DTYPES, or an error."""
+    if dtype.name in DTYPE_CODES and dtype.isnative:
+        _NUMPY_DTYPES[dtype] = dtype.name
+        return dtype.name
+    if dtype.name in DTYPE_CODES:
+        raise InvalidArgumentError(f"{name}: dtype {dtype.str} is not in this machine's byte "
+                                   f"order; pass {name}.astype({dtype.name!r})")
+    raise InvalidArgumentError(f"{name}: dtype {dtype} is not supported "
+                               f"(expected one of {', '.join(DTYPE_CODES)})")
+
+
 def _torch_array(tensor, name):
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if dtype not in DTYPE_CODES:
-        raise InvalidArgumentError(f"{name}: dtype {tensor.dtype} is not supported "
-                                   f"(expected one of {', '.join(DTYPE_CODES)})")
+    dtype = _TORCH_DTYPES.get(tensor.dtype)
+    if dtype is None:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in DTYPE_CODES:
+            raise InvalidArgumentError(f"{name}: dtype {tensor.dtype} is not supported "
+                                       f"(expected one of {', '.join(DTYPE_CODES)})")
+        _TORCH_DTYPES[tensor.dtype] = dtype
     if not tensor.is_contiguous():
         raise InvalidArgumentError(f"{name}: the tensor is not contiguous (strides "
                                    f"{tuple(tensor.stride())}); pass {name}.contiguous()")
-    device = tensor.device.index if tensor.is_cuda else CPU
-    if tensor.is_cuda and device is None:
-        device = 0
-    return Array(tensor, "torch", tensor.data_ptr(), tensor.shape, dtype, device)
+    device = tensor.get_device()  # the CUDA index, -1 (CPU) for host tensors
+    return Array(tensor, "torch", tensor.data_ptr(), tuple(tensor.shape), dtype,
+                 device if device >= 0 else CPU)
 
 
 def _cai_array(obj, interface, name):
     dtype = _TYPESTR.get(interface["typestr"])
     if dtype is None:
         raise InvalidArgumentError(f"{name}: typestr {interface['typestr']!r} is not supported")
-    shape = tuple(interface["shape"])
+    shape = tuple(int(d) for d in interface["shape"])
     strides = interface.get("strides")
     if strides is not None and tuple(strides) != _dense_strides(shape, ITEMSIZE[dtype]):
         raise InvalidArgumentError(f"{name}: the array is not C-contiguous (strides {strides})")
@@ -178,8 +197,7 @@ def prepare(named, stream=None):
 def _framework_stream(present, device):
     kinds = {a.kind for _, a in present}
     if "torch" in kinds:
-        import torch
-        return torch.cuda.current_stream(device).cuda_stream
+        return _torch_current_stream(device)
     if "cupy" in kinds:
         import cupy
         return cupy.cuda.get_current_stream().ptr
@@ -187,6 +205,17 @@ def _framework_stream(present, device):
         if a.cai_stream is not None:
             return 0 if a.cai_stream == 1 else int(a.cai_stream)  # 1 is the legacy default stream
     return 0
+
+
+def _torch_current_stream(device):
+    """torch's current cudaStream_t on `device`. torch.cuda.current_stream builds a Stream object
+    (3.5 us on the H100 machine's CPU, the largest part of an eager op's host time), so the raw
+    accessor that Triton also calls is used where this torch has it (0.1 us)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def new_like(reference, shape, dtype):
@@ -249,7 +278,7 @@ class DeviceArray:
     @classmethod
     def _view(cls, base, ptr, shape):
         view = cls.__new__(cls)
-        view.shape, view.dtype, view.device = tuple(shape), base.dtype, base.device
+        view.shape, view.dtype, view.device = tuple(int(d) for d in shape), base.dtype, base.device
         view.nbytes = math.prod(view.shape) * ITEMSIZE[base.dtype]
         view.ptr, view._base = ptr, base  # the base owns the memory; the view keeps it alive
         view._finalizer = lambda: None

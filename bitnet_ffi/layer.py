@@ -94,7 +94,7 @@ def relu2_gate(gate_up, out=None, stream=None):
     _arrays.check(ga, "gate_up", FLOAT_DTYPES, (None,) * len(ga.shape))
     F = ga.shape[-1] // 2
     shape = ga.shape[:-1] + (F,)
-    T = int(np.prod(ga.shape[:-1], dtype=np.int64))
+    T = math.prod(ga.shape[:-1])
     if out is None:
         out = _arrays.new_like(ga, shape, ga.dtype)
         outa = _arrays.as_array(out, "out")

@@ -1,7 +1,7 @@
 """RMSNorm and its fused variants: the residual add or the squared-ReLU gate before it and the
 int8 quantization after it (docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call, or one
 bitnet_relu2_rmsnorm call for the gate."""
-import numpy as np
+import math
 
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
@@ -134,7 +134,7 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     if gated and xa.shape[-1] % 2:
         raise InvalidArgumentError(f"gate_up: expected shape [..., 2F], got {list(xa.shape)}")
     _arrays.check(xa, name, FLOAT_DTYPES, xa.shape)
-    H, T = xa.shape[-1] // (2 if gated else 1), int(np.prod(xa.shape[:-1], dtype=np.int64))
+    H, T = xa.shape[-1] // (2 if gated else 1), math.prod(xa.shape[:-1])
     shape = xa.shape[:-1] + (H,)  # of y and y_q
     _arrays.check(arrays["weight"], "weight", xa.dtype, (H,))
     if residual is not None:

@@ -268,8 +268,13 @@ def test_pack_ternary_of_torch_with_host_scales_warns_nothing(rng, scales):
 
 
 @pytest.mark.gpu
-def test_gemv_gpu_on_torch_stream_and_graph(rng):
+@pytest.mark.parametrize("raw_stream", (True, False), ids=("raw-stream-accessor", "public-api"))
+def test_gemv_gpu_on_torch_stream_and_graph(rng, monkeypatch, raw_stream):
+    """The op follows torch's current stream (and its graph capture), found by torch's raw
+    accessor where it exists, else by torch.cuda.current_stream."""
     torch = pytest.importorskip("torch")
+    if not raw_stream:
+        monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
     M, K = 13824, 2560
     tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, M, K, 1)
     want = bn.gemv_w2a8(tw_cpu, x_q, x_scales)
@@ -303,6 +308,8 @@ def test_gemv_gpu_bad_input(rng):
     assert status == 1 and "host memory" in message
     with pytest.raises(InvalidArgumentError, match="different devices"):
         bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int32")
+    with pytest.raises(InvalidArgumentError, match="x_q on cpu"):
+        bn.gemv_w2a8(tw, torch.from_numpy(x_q), xs_gpu, out=out, out_dtype="int32")
     with pytest.raises(UnsupportedError, match="multiple of 128"):
         bn.gemv_w2a8(bn.TernaryWeights(tw.packed[:, :24].contiguous(), tw.scales),
                      x_gpu[:, :96].contiguous(), xs_gpu)

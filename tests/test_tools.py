@@ -1,5 +1,5 @@
-"""The GPU tools' references into the test suite stay valid: tools/gpu_sanitize.sh names test
-functions, and one stale name makes pytest collect nothing, so the sanitizer would check nothing."""
+"""The tools keep working: tools/gpu_sanitize.sh names test functions (one stale name makes pytest
+collect nothing, so the sanitizer would check nothing), and tools/bench_host.py runs on the CPU."""
 import re
 import subprocess
 import sys
@@ -23,3 +23,19 @@ def test_every_test_that_gpu_sanitize_runs_exists():
     missing = [test_id for test_id in ids
                if test_id not in listed and not any(item.startswith(test_id + "[") for item in listed)]
     assert not missing, missing
+
+
+def test_bench_host_compares_with_a_baseline_package_on_the_cpu():
+    """One round, this checkout as its own baseline: both columns are filled for every op."""
+    run = subprocess.run([sys.executable, str(REPO / "tools" / "bench_host.py"), "--device", "cpu",
+                          "--rounds", "1", "--baseline", str(REPO)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = [line for line in run.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith(("| call", "| ---"))]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| gemv_w2a8 16x128, 1 token, out given", "| quantize_a8 [1, 128], outputs allocated",
+        "| rmsnorm [1, 128], out given"], run.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("| ").split("|")][1:]
+        assert len(cells) == 2 and all(re.fullmatch(r"\d+\.\d \(\d+\.\d\)", c) for c in cells), row
