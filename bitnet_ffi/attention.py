@@ -62,9 +62,9 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
         outa = _arrays.as_array(out, "out")
     else:
         outa = _arrays.check(arrays["out"], "out", qa.dtype, (B, Sq, Hq, D))
-    ws_bytes = attention_workspace_size(device, B, Sq, Hq, Hkv, D, C)
-    if workspace is None and ws_bytes:
-        workspace = _arrays.new_like(qa, (ws_bytes,), "uint8")
+    if workspace is None:  # a given one's size is checked by the C call
+        ws_bytes = attention_workspace_size(device, B, Sq, Hq, Hkv, D, C)
+        workspace = _arrays.new_like(qa, (ws_bytes,), "uint8") if ws_bytes else None
     wsa = None if workspace is None else _arrays.as_array(workspace, "workspace")
     if wsa is not None and wsa.device != device:
         raise InvalidArgumentError(f"workspace is on {_arrays.device_name(wsa.device)}, "

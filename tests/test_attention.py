@@ -400,5 +400,7 @@ def test_gpu_bad_input(rng):
         bitnet_ffi.attention(q, k, v, seq_lens=[4097])
     with pytest.raises(InvalidArgumentError, match="dtype"):
         bitnet_ffi.attention(q, k.half(), v)
+    with pytest.raises(InvalidArgumentError, match="workspace"):  # its size is checked in C
+        bitnet_ffi.attention(q, k, v, out=out, workspace=ws[:need - 1])
     torch.cuda.synchronize()
     assert torch.isnan(out).all()

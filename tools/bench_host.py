@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import bitnet_ffi  # noqa: E402
-from bitnet_ffi import _ffi  # noqa: E402
+import bitnet_ffi
+from bitnet_ffi import _ffi
 
 CALLS = 2000
 
