@@ -176,11 +176,23 @@ def stream_handle(stream):
     return int(stream)
 
 
-def prepare(named, stream=None):
+def writable(array, name):
+    """Refuses a read-only numpy array that an op would write (the C code cannot tell, and writing
+    a read-only memory map would crash); returns the array."""
+    if array.kind == "numpy" and not array.obj.flags.writeable:
+        raise InvalidArgumentError(f"{name}: the array is read-only, and the op writes it")
+    return array
+
+
+def prepare(named, stream=None, writes=()):
     """Wraps each (name, obj) of ``named`` (None values pass through), checks that all live on one
-    device, and returns (arrays, device, stream handle). Without an explicit stream, a GPU op runs
-    on the current stream of the caller's framework, so it orders with the caller's own work."""
+    device and that those named in ``writes`` are writable, and returns (arrays, device, stream
+    handle). Without an explicit stream, a GPU op runs on the current stream of the caller's
+    framework, so it orders with the caller's own work."""
     arrays = {name: None if obj is None else as_array(obj, name) for name, obj in named.items()}
+    for name in writes:
+        if arrays[name] is not None:
+            writable(arrays[name], name)
     present = [(name, a) for name, a in arrays.items() if a is not None]
     device = present[0][1].device
     for name, a in present:

@@ -45,7 +45,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     -------
     out
     """
-    arrays, device, handle = _arrays.prepare({"q": q, "k": k, "v": v, "out": out}, stream)
+    arrays, device, handle = _arrays.prepare({"q": q, "k": k, "v": v, "out": out}, stream,
+                                             writes=("out",))
     qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
     B, Sq, Hq, D = qa.shape
     ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, None, None, D))
@@ -65,7 +66,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     if workspace is None:  # a given one's size is checked by the C call
         ws_bytes = attention_workspace_size(device, B, Sq, Hq, Hkv, D, C)
         workspace = _arrays.new_like(qa, (ws_bytes,), "uint8") if ws_bytes else None
-    wsa = None if workspace is None else _arrays.as_array(workspace, "workspace")
+    wsa = None if workspace is None else _arrays.writable(
+        _arrays.as_array(workspace, "workspace"), "workspace")
     if wsa is not None and wsa.device != device:
         raise InvalidArgumentError(f"workspace is on {_arrays.device_name(wsa.device)}, "
                                    f"but q is on {_arrays.device_name(device)}")

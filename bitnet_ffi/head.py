@@ -24,7 +24,8 @@ def gemv_bf16(w, x, out_dtype="float32", out=None, stream=None):
     -------
     y : array [N, M] (or [M] for 1-D x)
     """
-    arrays, device, handle = _arrays.prepare({"w": w, "x": x, "out": out}, stream)
+    arrays, device, handle = _arrays.prepare({"w": w, "x": x, "out": out}, stream,
+                                             writes=("out",))
     wa = _arrays.check(arrays["w"], "w", "bfloat16", (None, None))
     M, K = wa.shape
     xa = arrays["x"]
@@ -53,7 +54,7 @@ def argmax(x, out=None, stream=None):
     -------
     index : int32 array [N] (or a 0-d array for 1-D x)
     """
-    arrays, device, handle = _arrays.prepare({"x": x, "out": out}, stream)
+    arrays, device, handle = _arrays.prepare({"x": x, "out": out}, stream, writes=("out",))
     xa = arrays["x"]
     N, M, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", "float32", (*lead, M))
@@ -93,7 +94,8 @@ def embedding(table, ids, out=None, stream=None):
         if bad.size:
             raise InvalidArgumentError(f"ids[{bad[0]}] = {host[bad[0]]} is outside [0, {V})")
         ids = _arrays.upload_int32(host, tab, "ids")
-    arrays, device, handle = _arrays.prepare({"table": tab, "ids": ids, "out": out}, stream)
+    arrays, device, handle = _arrays.prepare({"table": tab, "ids": ids, "out": out}, stream,
+                                             writes=("out",))
     ia = _arrays.check(arrays["ids"], "ids", "int32", (None,))
     N = ia.shape[0]
     if out is None:
@@ -108,7 +110,7 @@ def embedding(table, ids, out=None, stream=None):
 def add_int32(x, delta, stream=None):
     """``x += delta`` for an int32 array, on its device (wrapping like C): advances the positions
     and lengths of a captured decode step between replays."""
-    arrays, device, handle = _arrays.prepare({"x": x}, stream)
+    arrays, device, handle = _arrays.prepare({"x": x}, stream, writes=("x",))
     xa = _arrays.check(arrays["x"], "x", "int32", (None,) * len(arrays["x"].shape))
     _ffi.call("add_int32", device, xa.cptr("int32_t *"), xa.size, int(delta),
               _ffi.ffi.cast("void *", handle))

@@ -39,7 +39,8 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
     q
     """
     arrays, device, handle = _arrays.prepare(
-        {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream)
+        {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
+        writes=("q", "k_cache", "v_cache"))
     qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
     B, S, Hq, D = qa.shape
     ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, S, None, D))
@@ -87,7 +88,8 @@ def relu2_gate(gate_up, out=None, stream=None):
     -------
     out
     """
-    arrays, device, handle = _arrays.prepare({"gate_up": gate_up, "out": out}, stream)
+    arrays, device, handle = _arrays.prepare({"gate_up": gate_up, "out": out}, stream,
+                                             writes=("out",))
     ga = arrays["gate_up"]
     if len(ga.shape) == 0 or ga.shape[-1] % 2:
         raise InvalidArgumentError(f"gate_up: expected shape [..., 2F], got {list(ga.shape)}")

@@ -124,9 +124,10 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     gate_up [..., 2F] (no residual) and the outputs are [..., F]: bitnet_relu2_rmsnorm."""
     y_q, scales = quantized if quantize else (None, None)
     name = "gate_up" if gated else "x"
+    y_name = "y_out" if quantize else "out"  # the parameter y comes from
     arrays, device, handle = _arrays.prepare(
-        {name: x, "weight": weight, "residual": residual, "out": y, "y_q": y_q, "scales": scales},
-        stream)
+        {name: x, "weight": weight, "residual": residual, y_name: y, "y_q": y_q, "scales": scales},
+        stream, writes=("residual", y_name, "y_q", "scales"))
     xa = arrays[name]
     if len(xa.shape) == 0:
         raise InvalidArgumentError(f"{name}: expected an array [..., {'2F' if gated else 'H'}], "
@@ -140,10 +141,10 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     if residual is not None:
         _arrays.check(arrays["residual"], "residual", xa.dtype, shape)
     if y is not None:
-        _arrays.check(arrays["out"], "y_out" if quantize else "out", xa.dtype, shape)
+        _arrays.check(arrays[y_name], y_name, xa.dtype, shape)
     elif not quantize:
         y = _arrays.new_like(xa, shape, xa.dtype)
-        arrays["out"] = _arrays.as_array(y, "out")
+        arrays[y_name] = _arrays.as_array(y, y_name)
     if quantize:
         if y_q is None:
             y_q = _arrays.new_like(xa, shape, "int8")
@@ -157,7 +158,7 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     def pointer(name, ctype="void *"):
         return _ffi.ffi.NULL if arrays[name] is None else arrays[name].cptr(ctype)
 
-    outputs = (arrays["weight"].cptr(), float(eps), pointer("out"), pointer("y_q", "int8_t *"),
+    outputs = (arrays["weight"].cptr(), float(eps), pointer(y_name), pointer("y_q", "int8_t *"),
                pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
     if gated:
         _ffi.call("relu2_rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), *outputs)

@@ -203,7 +203,8 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
         raise InvalidArgumentError(f"out_dtype must be one of {', '.join(OUT_DTYPES)}, "
                                    f"got {out_dtype!r}")
     arrays, device, handle = _arrays.prepare(
-        {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "out": out}, stream)
+        {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "out": out}, stream,
+        writes=("out",))
     M, K = w.shape
     xa = arrays["x_q"]
     N, _, lead = _arrays.tokens(xa.shape, "x_q")

@@ -591,6 +591,13 @@ def nan_like(shape, dtype="float32"):
     return np.full(shape, np.nan, _arrays.numpy_dtype(dtype))
 
 
+def read_only(array):
+    """A copy that numpy marks read-only (its memory stays writable, so a write would show)."""
+    copy = array.copy()
+    copy.flags.writeable = False
+    return copy
+
+
 def python_cases(rng):
     """(name, function to call, exception type, message fragment, arrays that must stay as they
     are). Each function is a valid call with one argument made wrong."""
@@ -613,6 +620,10 @@ def python_cases(rng):
     gy = nan_like((2, 3))
     bad_w_q = np.full((3, 128), 3, np.int8)
     strided = f32(rng, 3, 16)[:, ::2]
+    ro_y, ro_residual, ro_codes = read_only(y), read_only(residual), read_only(np.zeros((3, 8), np.int8))
+    ro_gate_out, ro_att_out, ro_rq = read_only(gate_out), read_only(att_out), read_only(rq)
+    ro_cache, ro_index, ro_counter = read_only(cache), read_only(index), read_only(counter)
+    ro_gy = read_only(gy)
     return [
         ("rmsnorm weight shape", lambda: bn.rmsnorm(x, w[:7], out=y), InvalidArgumentError,
          "weight: expected shape [8]", [y]),
@@ -624,6 +635,37 @@ def python_cases(rng):
          "dtype float64 is not supported", []),
         ("rmsnorm strided x", lambda: bn.rmsnorm(strided, w, out=y), InvalidArgumentError,
          "not C-contiguous", [y]),
+        ("rmsnorm read-only out", lambda: bn.rmsnorm(x, w, out=ro_y), InvalidArgumentError,
+         "out: the array is read-only, and the op writes it", [ro_y]),
+        ("add_rmsnorm read-only residual", lambda: bn.add_rmsnorm(x, ro_residual, w, out=y),
+         InvalidArgumentError, "residual: the array is read-only", [ro_residual, y]),
+        ("rmsnorm_quantize read-only codes",
+         lambda: bn.rmsnorm_quantize(x, w, out=(ro_codes, nan_like((3,)))), InvalidArgumentError,
+         "y_q: the array is read-only", [ro_codes]),
+        ("relu2_rmsnorm read-only y_out",
+         lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], out=gq, y_out=ro_gate_out),
+         InvalidArgumentError, "y_out: the array is read-only", [ro_gate_out, *gq]),
+        ("attention read-only out", lambda: bn.attention(q, kv, kv, out=ro_att_out),
+         InvalidArgumentError, "out: the array is read-only", [ro_att_out]),
+        ("attention read-only workspace",
+         lambda: bn.attention(q, kv, kv, out=att_out, workspace=read_only(np.zeros(64, np.uint8))),
+         InvalidArgumentError, "workspace: the array is read-only", [att_out]),
+        ("rope read-only q", lambda: bn.rope_append_kv(ro_rq, rkv, rkv, cache, cache, [0, 3]),
+         InvalidArgumentError, "q: the array is read-only", [ro_rq, cache]),
+        ("rope read-only v_cache", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, ro_cache, [0, 3]),
+         InvalidArgumentError, "v_cache: the array is read-only", [rq, cache, ro_cache]),
+        ("relu2_gate read-only out", lambda: bn.relu2_gate(gate, out=ro_gate_out),
+         InvalidArgumentError, "out: the array is read-only", [ro_gate_out]),
+        ("gemv_bf16 read-only out", lambda: bn.gemv_bf16(hw, hx, out=read_only(hy)),
+         InvalidArgumentError, "out: the array is read-only", []),
+        ("argmax read-only out", lambda: bn.argmax(logits, out=ro_index), InvalidArgumentError,
+         "out: the array is read-only", [ro_index]),
+        ("embedding read-only out", lambda: bn.embedding(table, [0, 1, 2], out=read_only(emb_out)),
+         InvalidArgumentError, "out: the array is read-only", []),
+        ("add_int32 read-only x", lambda: bn.add_int32(ro_counter, 1), InvalidArgumentError,
+         "x: the array is read-only", [ro_counter]),
+        ("gemv_w2a8 read-only out", lambda: bn.gemv_w2a8(tw, x_q, x_s, out=ro_gy),
+         InvalidArgumentError, "out: the array is read-only", [ro_gy]),
         ("rmsnorm byte-swapped x", lambda: bn.rmsnorm(x.astype(x.dtype.newbyteorder()), w, out=y),
          InvalidArgumentError, "not in this machine's byte order", [y]),
         ("quantize_a8 byte-swapped x", lambda: bn.quantize_a8(wt.astype(wt.dtype.newbyteorder())),
@@ -829,6 +871,22 @@ def test_python_api_rejects(name, rng):
         function()
     assert fragment in str(raised.value)
     assert [a.tobytes() for a in untouched] == before, "an output was written"
+
+
+@pytest.mark.cpu
+def test_python_api_reads_read_only_inputs(rng):
+    """Only what an op writes must be writable: read-only inputs (np.frombuffer over bytes, a
+    memory map opened for reading) give the same results as writable ones."""
+    x, w = f32(rng, 3, 128), f32(rng, 128)
+    np.testing.assert_array_equal(bn.rmsnorm(read_only(x), read_only(w)), bn.rmsnorm(x, w))
+    x_q, s = bn.quantize_a8(read_only(x))
+    want_q, want_s = bn.quantize_a8(x)
+    np.testing.assert_array_equal(x_q, want_q)
+    np.testing.assert_array_equal(s, want_s)
+    w_q = rng.integers(-1, 2, (5, 128), dtype=np.int8)
+    tw = bn.pack_ternary(read_only(w_q), read_only(np.full(5, 0.5, np.float32)))
+    np.testing.assert_array_equal(bn.gemv_w2a8(tw, read_only(x_q), read_only(s), out_dtype="int32"),
+                                  x_q.astype(np.int64) @ w_q.T.astype(np.int64))
 
 
 # ---------------------------------------------------------------- coverage and the case count
