@@ -874,6 +874,18 @@ def test_python_api_rejects(name, rng):
 
 
 @pytest.mark.cpu
+def test_python_api_refuses_a_read_only_memory_map_as_output(tmp_path):
+    """Writing this map's pages would kill the process with SIGSEGV (as the package did at
+    5a22711): the op must refuse it before the C call."""
+    path = tmp_path / "out.bin"
+    np.full((3, 8), np.nan, np.float32).tofile(path)
+    y = np.memmap(path, dtype=np.float32, mode="r", shape=(3, 8))
+    with pytest.raises(InvalidArgumentError, match="out: the array is read-only"):
+        bn.rmsnorm(np.ones((3, 8), np.float32), np.ones(8, np.float32), out=y)
+    assert np.isnan(y).all()
+
+
+@pytest.mark.cpu
 def test_python_api_reads_read_only_inputs(rng):
     """Only what an op writes must be writable: read-only inputs (np.frombuffer over bytes, a
     memory map opened for reading) give the same results as writable ones."""
