@@ -100,14 +100,14 @@ _TORCH_DTYPES = {}
 
 def _numpy_dtype_name(dtype, name):
     """The dtype name of a numpy dtype that is not (yet) in _NUMPY_DTYPES, or an error."""
-    if dtype.name in DTYPE_CODES and dtype.isnative:
-        _NUMPY_DTYPES[dtype] = dtype.name
-        return dtype.name
-    if dtype.name in DTYPE_CODES:
+    if dtype.name not in DTYPE_CODES:
+        raise InvalidArgumentError(f"{name}: dtype {dtype} is not supported "
+                                   f"(expected one of {', '.join(DTYPE_CODES)})")
+    if not dtype.isnative:
         raise InvalidArgumentError(f"{name}: dtype {dtype.str} is not in this machine's byte "
                                    f"order; pass {name}.astype({dtype.name!r})")
-    raise InvalidArgumentError(f"{name}: dtype {dtype} is not supported "
-                               f"(expected one of {', '.join(DTYPE_CODES)})")
+    _NUMPY_DTYPES[dtype] = dtype.name
+    return dtype.name
 
 
 def _torch_array(tensor, name):
@@ -176,23 +176,16 @@ def stream_handle(stream):
     return int(stream)
 
 
-def writable(array, name):
-    """Refuses a read-only numpy array that an op would write (the C code cannot tell, and writing
-    a read-only memory map would crash); returns the array."""
-    if array.kind == "numpy" and not array.obj.flags.writeable:
-        raise InvalidArgumentError(f"{name}: the array is read-only, and the op writes it")
-    return array
-
-
 def prepare(named, stream=None, writes=()):
     """Wraps each (name, obj) of ``named`` (None values pass through), checks that all live on one
     device and that those named in ``writes`` are writable, and returns (arrays, device, stream
     handle). Without an explicit stream, a GPU op runs on the current stream of the caller's
     framework, so it orders with the caller's own work."""
     arrays = {name: None if obj is None else as_array(obj, name) for name, obj in named.items()}
-    for name in writes:
-        if arrays[name] is not None:
-            writable(arrays[name], name)
+    for name in writes:  # C cannot tell, and writing a read-only memory map would crash
+        a = arrays[name]
+        if a is not None and a.kind == "numpy" and not a.obj.flags.writeable:
+            raise InvalidArgumentError(f"{name}: the array is read-only, and the op writes it")
     present = [(name, a) for name, a in arrays.items() if a is not None]
     device = present[0][1].device
     for name, a in present:

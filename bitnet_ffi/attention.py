@@ -45,8 +45,9 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     -------
     out
     """
-    arrays, device, handle = _arrays.prepare({"q": q, "k": k, "v": v, "out": out}, stream,
-                                             writes=("out",))
+    arrays, device, handle = _arrays.prepare(
+        {"q": q, "k": k, "v": v, "out": out, "workspace": workspace}, stream,
+        writes=("out", "workspace"))
     qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
     B, Sq, Hq, D = qa.shape
     ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, None, None, D))
@@ -63,14 +64,11 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
         outa = _arrays.as_array(out, "out")
     else:
         outa = _arrays.check(arrays["out"], "out", qa.dtype, (B, Sq, Hq, D))
-    if workspace is None:  # a given one's size is checked by the C call
+    wsa = arrays["workspace"]
+    if wsa is None:  # a given one's size is checked by the C call
         ws_bytes = attention_workspace_size(device, B, Sq, Hq, Hkv, D, C)
-        workspace = _arrays.new_like(qa, (ws_bytes,), "uint8") if ws_bytes else None
-    wsa = None if workspace is None else _arrays.writable(
-        _arrays.as_array(workspace, "workspace"), "workspace")
-    if wsa is not None and wsa.device != device:
-        raise InvalidArgumentError(f"workspace is on {_arrays.device_name(wsa.device)}, "
-                                   f"but q is on {_arrays.device_name(device)}")
+        if ws_bytes:
+            wsa = _arrays.as_array(_arrays.new_like(qa, (ws_bytes,), "uint8"), "workspace")
     ffi = _ffi.ffi
     _ffi.call("attention", device, DTYPE_CODES[qa.dtype], B, Sq, Hq, Hkv, D,
               qa.cptr(), ka.cptr(), arrays["v"].cptr(), C,

@@ -402,5 +402,7 @@ def test_gpu_bad_input(rng):
         bitnet_ffi.attention(q, k.half(), v)
     with pytest.raises(InvalidArgumentError, match="workspace"):  # its size is checked in C
         bitnet_ffi.attention(q, k, v, out=out, workspace=ws[:need - 1])
+    with pytest.raises(InvalidArgumentError, match="different devices: .*workspace on cpu"):
+        bitnet_ffi.attention(q, k, v, out=out, workspace=np.zeros(need, np.uint8))
     torch.cuda.synchronize()
     assert torch.isnan(out).all()
