@@ -242,6 +242,13 @@ def non_positive(fragment, *names):
     return [Mutation(n, v, INVALID, fragment) for n in names for v in (0, -1)]
 
 
+def overlaps(*cases):
+    """(arg, other): arg given other's pointer, so that an output overlaps another array; the
+    message names the two in the order of the C call's arrays."""
+    return [Mutation(arg, f"ALIAS:{other}", INVALID, f"{first} and {second} overlap")
+            for arg, other, (first, second) in cases]
+
+
 def pointers(*names, aligned=()):
     """NULL and host-memory mutations of every pointer, misaligned ones of those in `aligned`."""
     return nulls(*names) + misaligned(*aligned) + host_pointers(*names)
@@ -259,23 +266,27 @@ MUTATIONS = {
         Mutation("M", 1 << 54, INVALID, "overflow a 64-bit byte count"),  # M*K fits, *4 does not
         Mutation("n_segments", 2, INVALID, "n_segments must be 0 or 1"),
         Mutation("row_segments", [1, 1], INVALID, "sum to"),  # n_segments 2 (COMPANIONS)
-    ] + pointers("w", "w_packed", "w_scales", aligned=("w", "w_packed", "w_scales")),
+    ] + pointers("w", "w_packed", "w_scales", aligned=("w", "w_packed", "w_scales"))
+      + overlaps(("w_packed", "w", ("w", "w_packed")), ("w_scales", "w_packed", ("w_packed", "w_scales"))),
     "pack_ternary": bad_devices() + non_positive(TERNARY, "M", "K") + [
         Mutation("K", 200, UNSUPPORTED, "not a multiple of 128"),
         Mutation("M", BIG, INVALID, "overflow a 64-bit byte count"),
         Mutation("w_q", np.full((3, 128), 2, np.int8), INVALID, "is not -1, 0 or 1"),
         Mutation("w_q", np.full((3, 128), -128, np.int8), INVALID, "is not -1, 0 or 1"),
-    ] + pointers("w_q", "w_packed", aligned=("w_q", "w_packed")),
+    ] + pointers("w_q", "w_packed", aligned=("w_q", "w_packed"))
+      + overlaps(("w_packed", "w_q", ("w_q", "w_packed"))),
     "unpack_ternary": bad_devices() + non_positive(TERNARY, "M", "K") + [
         Mutation("K", 64, UNSUPPORTED, "not a multiple of 128"),
         Mutation("M", BIG, INVALID, "overflow a 64-bit byte count"),
-    ] + pointers("w_packed", "w_q", aligned=("w_packed", "w_q")),
+    ] + pointers("w_packed", "w_q", aligned=("w_packed", "w_q"))
+      + overlaps(("w_q", "w_packed", ("w_packed", "w_q"))),
     "quantize_a8": bad_devices() + non_positive(TERNARY, "N", "K") + [
         Mutation("x_dtype", 4, UNSUPPORTED, "int32 is not supported"),
         Mutation("x_dtype", 77, INVALID, "is not a bitnet_dtype"),
         Mutation("K", 1 << 23, UNSUPPORTED, "over the largest supported K"),
         Mutation("N", 1 << 54, INVALID, "overflow a 64-bit byte count"),
-    ] + pointers("x", "x_q", "x_scales", aligned=("x", "x_q", "x_scales")),
+    ] + pointers("x", "x_q", "x_scales", aligned=("x", "x_q", "x_scales"))
+      + overlaps(("x_q", "x", ("x", "x_q")), ("x_scales", "x_q", ("x_q", "x_scales"))),
     "gemv_w2a8": bad_devices() + non_positive(TERNARY, "M", "K") + [
         Mutation("N", 0, INVALID, "N must be at least 1"),
         Mutation("N", -5, INVALID, "N must be at least 1"),
@@ -285,7 +296,8 @@ MUTATIONS = {
         Mutation("N", 1 << 57, INVALID, "overflow a 64-bit byte count"),  # N * K
         Mutation("M", 1 << 61, INVALID, "overflow a 64-bit byte count"),  # M * K
     ] + pointers("w_packed", "w_scales", "x_q", "x_scales", "y",
-                 aligned=("w_packed", "w_scales", "x_q", "x_scales", "y")),
+                 aligned=("w_packed", "w_scales", "x_q", "x_scales", "y"))
+      + overlaps(("y", "x_q", ("x_q", "y")), ("y", "w_scales", ("w_scales", "y"))),
     "rmsnorm": bad_devices() + non_positive("must be >= 1", "T", "H") + [
         Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
         Mutation("dtype", 42, INVALID, "is not float32, float16 or bfloat16"),
@@ -335,7 +347,9 @@ MUTATIONS = {
         Mutation("seq_lens", np.array([1], np.int32), INVALID, "is outside", "cpu"),  # < Sq
         Mutation("seq_lens", np.array([6], np.int32), INVALID, "is outside", "cpu"),  # > C
     ] + pointers("q", "k", "v", "out", aligned=("q", "k", "v", "out", "seq_lens"))
-      + host_pointers("seq_lens"),
+      + host_pointers("seq_lens")
+      + overlaps(("out", "q", ("q", "out")), ("out", "v", ("v", "out")),
+                 ("seq_lens", "out", ("seq_lens", "out"))),
     "attention_workspace_size": bad_devices(pointers=False)
     + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C") + [
         Mutation("Hq", 3, INVALID, "not a multiple of Hkv"),
@@ -356,13 +370,16 @@ MUTATIONS = {
         Mutation("positions", np.array([0, 4], np.int32), INVALID, "do not fit a cache", "cpu"),
         Mutation("positions", np.array([-1, 0], np.int32), INVALID, "do not fit a cache", "cpu"),
     ] + pointers("q", "k", "v", "k_cache", "v_cache", "positions",
-                 aligned=("q", "k", "v", "k_cache", "v_cache", "positions")),
+                 aligned=("q", "k", "v", "k_cache", "v_cache", "positions"))
+      + overlaps(("k_cache", "k", ("k", "k_cache")), ("q", "v", ("q", "v")),
+                 ("v_cache", "k_cache", ("k_cache", "v_cache")), ("positions", "q", ("q", "positions"))),
     "relu2_gate": bad_devices() + non_positive("must be positive", "T", "F") + [
         Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
         Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
         Mutation("F", 1 << 40, INVALID, "overflows"),
         Mutation("T", BIG, INVALID, "overflows"),
-    ] + pointers("gate_up", "out", aligned=("gate_up", "out")),
+    ] + pointers("gate_up", "out", aligned=("gate_up", "out"))
+      + overlaps(("out", "gate_up", ("gate_up", "out"))),
     "gemv_bf16": bad_devices() + non_positive("size must be positive", "M", "N", "K") + [
         Mutation("x_dtype", 1, INVALID, "x dtype must be float32 or bfloat16"),
         Mutation("x_dtype", 9, INVALID, "x dtype must be float32 or bfloat16"),
@@ -371,12 +388,12 @@ MUTATIONS = {
         Mutation("M", 1 << 60, INVALID, "overflow a 64-bit byte count"),
         Mutation("N", 1 << 60, INVALID, "overflow a 64-bit byte count"),
         Mutation("K", BIG, INVALID, "overflow a 64-bit byte count"),  # K * 2 itself overflows
-    ] + pointers("w", "x", "y", aligned=("w", "x", "y")),
+    ] + pointers("w", "x", "y", aligned=("w", "x", "y")) + overlaps(("y", "x", ("x", "y"))),
     "argmax": bad_devices() + non_positive("size must be positive", "N", "M") + [
         Mutation("M", 1 << 31, INVALID, "does not fit the int32 index"),
         Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
         Mutation("N", 1 << 40, INVALID, "overflow a 64-bit byte count"),  # N * M * 4, M = 2^31-1
-    ] + pointers("x", "index", aligned=("x", "index")),
+    ] + pointers("x", "index", aligned=("x", "index")) + overlaps(("index", "x", ("x", "index"))),
     "embedding": bad_devices() + non_positive("size must be positive", "V", "H", "N") + [
         Mutation("dtype", 4, INVALID, "dtype must be float32, float16 or bfloat16"),
         Mutation("V", 1 << 31, INVALID, "does not fit the int32 ids"),
@@ -386,7 +403,8 @@ MUTATIONS = {
         Mutation("H", BIG + 1, INVALID, "overflow a 64-bit byte count"),  # H * 4 wraps to 4
         Mutation("ids", np.array([4, 5, 0], np.int32), INVALID, "is outside [0, 5)", "cpu"),
         Mutation("ids", np.array([-1, 0, 0], np.int32), INVALID, "is outside [0, 5)", "cpu"),
-    ] + pointers("table", "ids", "out", aligned=("table", "ids", "out")),
+    ] + pointers("table", "ids", "out", aligned=("table", "ids", "out"))
+      + overlaps(("out", "table", ("table", "out")), ("ids", "out", ("ids", "out"))),
     "add_int32": bad_devices() + non_positive("size must be positive", "n") + [
         Mutation("n", BIG, INVALID, "overflow a 64-bit byte count"),
     ] + pointers("x", aligned=("x",)),
@@ -645,6 +663,16 @@ def python_cases(rng):
         ("relu2_rmsnorm read-only y_out",
          lambda: bn.relu2_rmsnorm_quantize(gate, w[:5], out=gq, y_out=ro_gate_out),
          InvalidArgumentError, "y_out: the array is read-only", [ro_gate_out, *gq]),
+        ("attention out is q", lambda: bn.attention(q, kv, kv, out=q), InvalidArgumentError,
+         "q and out overlap", [q]),
+        ("gemv_w2a8 out over x_q's bytes",
+         lambda: bn.gemv_w2a8(tw, x_q, x_s, out=x_q.view(np.float32).reshape(-1)[:6].reshape(2, 3)),
+         InvalidArgumentError, "x_q and y overlap", [x_q]),
+        ("relu2_gate out over gate_up's first rows",
+         lambda: bn.relu2_gate(gate, out=gate.reshape(-1)[:15].reshape(3, 5)), InvalidArgumentError,
+         "gate_up and out overlap", [gate]),
+        ("rope one cache for k and v", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3]),
+         InvalidArgumentError, "k_cache and v_cache overlap", [rq, cache]),
         ("attention read-only out", lambda: bn.attention(q, kv, kv, out=ro_att_out),
          InvalidArgumentError, "out: the array is read-only", [ro_att_out]),
         ("attention read-only workspace",

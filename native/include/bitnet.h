@@ -7,6 +7,9 @@
  * - Sizes and counts are int64_t. Arrays are dense and row-major; shapes are given in comments.
  * - `device` picks the backend: BITNET_DEVICE_CPU (-1) for host memory, N >= 0 for CUDA device N,
  *   whose memory every array pointer must then point into.
+ * - An array an op writes may not overlap any other array of the same call (INVALID_ARGUMENT),
+ *   except where the op says it works in place: bitnet_rmsnorm's y == x, bitnet_rope_append_kv's
+ *   q, bitnet_add_int32's x. A kernel that wrote memory it still reads would be wrong.
  * - `stream` is a cudaStream_t (NULL: the legacy default stream); the CPU backend ignores it.
  *   GPU ops are asynchronous with respect to the host, like any kernel launch.
  *

@@ -109,6 +109,14 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
                  (long long)needed);
         BN_TRY(bn_check_pointer(device, workspace, 16, "bitnet_attention: workspace"));
     }
+    const int64_t size = bn_dtype_size(dtype);
+    const bn_buffer buffers[] = {{"q", q, q_count * size, 0, 0},
+                                 {"k", k, kv_count * size, 0, 0},
+                                 {"v", v, kv_count * size, 0, 0},
+                                 {"seq_lens", seq_lens, B * 4, 0, 0},
+                                 {"out", out, q_count * size, 1, 0},
+                                 {"workspace", needed > 0 ? workspace : NULL, needed, 1, 0}};
+    BN_CHECK_DISJOINT(fn, buffers, BN_NO_OVERLAP);
 
     if (!on_gpu) {
         int64_t min_len = causal ? Sq : 1;

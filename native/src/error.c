@@ -82,6 +82,27 @@ bitnet_status bn_check_device(int32_t device) {
     return BITNET_OK;
 }
 
+static int overlap(const bn_buffer *a, const bn_buffer *b) {
+    if (!a->ptr || !b->ptr || a->bytes <= 0 || b->bytes <= 0) return 0;
+    uintptr_t pa = (uintptr_t)a->ptr, pb = (uintptr_t)b->ptr;
+    uintptr_t ea = pa + (uintptr_t)a->bytes, eb = pb + (uintptr_t)b->bytes;
+    if (ea < pa) ea = UINTPTR_MAX; /* sizes past the address space: to its end */
+    if (eb < pb) eb = UINTPTR_MAX;
+    return pa < eb && pb < ea;
+}
+
+bitnet_status bn_check_disjoint(const char *fn, const bn_buffer *buffers, int n, const char *rule) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            const bn_buffer *a = &buffers[i], *b = &buffers[j];
+            const int in_place = (a->may_equal == j + 1 || b->may_equal == i + 1) &&
+                                 a->ptr == b->ptr && a->bytes == b->bytes;
+            BN_CHECK(!(a->written || b->written) || in_place || !overlap(a, b),
+                     "%s: %s and %s overlap (%s)", fn, a->name, b->name, rule);
+        }
+    return BITNET_OK;
+}
+
 bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name) {
     BN_CHECK(ptr != NULL, "%s is NULL", name);
     BN_CHECK((uintptr_t)ptr % (uintptr_t)align == 0, "%s (%p) is not aligned to %lld bytes", name,

@@ -17,6 +17,10 @@ bitnet_status bitnet_gemv_bf16(int32_t device, const void *w, int64_t M, int64_t
     BN_TRY(bn_check_pointer(device, w, 16, "gemv_bf16: w"));
     BN_TRY(bn_check_pointer(device, x, 16, "gemv_bf16: x"));
     BN_TRY(bn_check_pointer(device, y, bn_dtype_size(y_dtype), "gemv_bf16: y"));
+    const bn_buffer buffers[] = {{"w", w, M * K * 2, 0, 0},
+                                 {"x", x, N * K * bn_dtype_size(x_dtype), 0, 0},
+                                 {"y", y, N * M * bn_dtype_size(y_dtype), 1, 0}};
+    BN_CHECK_DISJOINT("gemv_bf16", buffers, BN_NO_OVERLAP);
     if (device == BITNET_DEVICE_CPU) return bn_cpu_gemv_bf16(w, M, K, x, x_dtype, N, y, y_dtype);
     return BN_CUDA(bn_cuda_gemv_bf16(device, w, M, K, x, x_dtype, N, y, y_dtype, stream));
 }

@@ -35,6 +35,25 @@ bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int6
  * machine with a GPU, asking the runtime where a pointer lives creates the CUDA context. */
 bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name);
 
+/* One array of a call for bn_check_disjoint: its bytes at ptr (NULL: not given), whether the op
+ * writes it, and 1 + the index of the array it may coincide with exactly (in place), else 0. */
+typedef struct {
+    const char *name;
+    const void *ptr;
+    int64_t bytes;
+    int written;
+    int may_equal;
+} bn_buffer;
+
+/* Checks that no two of the n buffers overlap where one of them is written (a kernel writing an
+ * array that another part of it still reads would compute a wrong answer), except a buffer and the
+ * one it may equal, at the same address with the same size. `rule` ends the message. */
+bitnet_status bn_check_disjoint(const char *fn, const bn_buffer *buffers, int n, const char *rule);
+#define BN_CHECK_DISJOINT(fn, buffers, rule) \
+    BN_TRY(bn_check_disjoint(fn, buffers, (int)(sizeof(buffers) / sizeof *(buffers)), rule))
+/* The rule of the ops without an in-place form. */
+#define BN_NO_OVERLAP "no output may overlap another array"
+
 /* Checks that dtype is float32, float16 or bfloat16, and that a GPU op (device >= 0) gets one of
  * the 16-bit ones: the dtype rule of the attention and layer-glue ops. */
 bitnet_status bn_check_activation_dtype(const char *op, int32_t device, int32_t dtype);

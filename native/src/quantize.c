@@ -54,6 +54,10 @@ bitnet_status bitnet_quantize_i2s(int32_t device, const void *w, int32_t w_dtype
     BN_TRY(bn_check_pointer(device, w, 16, "bitnet_quantize_i2s: w"));
     BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_quantize_i2s: w_packed"));
     BN_TRY(bn_check_pointer(device, w_scales, 4, "bitnet_quantize_i2s: w_scales"));
+    const bn_buffer buffers[] = {{"w", w, M * K * bn_dtype_size(w_dtype), 0, 0},
+                                 {"w_packed", w_packed, M * K / 4, 1, 0},
+                                 {"w_scales", w_scales, M * 4, 1, 0}};
+    BN_CHECK_DISJOINT(op, buffers, BN_NO_OVERLAP);
     if (!row_segments) n_segments = 1;
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_quantize_i2s(w, w_dtype, M, K, row_segments, n_segments, w_packed, w_scales)
@@ -67,6 +71,8 @@ bitnet_status bitnet_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, 
     BN_TRY(bn_check_ternary_shape("bitnet_pack_ternary", M, K));
     BN_TRY(bn_check_pointer(device, w_q, 16, "bitnet_pack_ternary: w_q"));
     BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_pack_ternary: w_packed"));
+    const bn_buffer buffers[] = {{"w_q", w_q, M * K, 0, 0}, {"w_packed", w_packed, M * K / 4, 1, 0}};
+    BN_CHECK_DISJOINT("bitnet_pack_ternary", buffers, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_pack_ternary(w_q, M, K, w_packed)
                : BN_CUDA(bn_cuda_pack_ternary(device, w_q, M, K, w_packed, stream));
@@ -78,6 +84,8 @@ bitnet_status bitnet_unpack_ternary(int32_t device, const uint8_t *w_packed, int
     BN_TRY(bn_check_ternary_shape("bitnet_unpack_ternary", M, K));
     BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_unpack_ternary: w_packed"));
     BN_TRY(bn_check_pointer(device, w_q, 16, "bitnet_unpack_ternary: w_q"));
+    const bn_buffer buffers[] = {{"w_packed", w_packed, M * K / 4, 0, 0}, {"w_q", w_q, M * K, 1, 0}};
+    BN_CHECK_DISJOINT("bitnet_unpack_ternary", buffers, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_unpack_ternary(w_packed, M, K, w_q)
                : BN_CUDA(bn_cuda_unpack_ternary(device, w_packed, M, K, w_q, stream));
@@ -93,6 +101,10 @@ bitnet_status bitnet_quantize_a8(int32_t device, const void *x, int32_t x_dtype,
     BN_TRY(bn_check_pointer(device, x, 16, "bitnet_quantize_a8: x"));
     BN_TRY(bn_check_pointer(device, x_q, 16, "bitnet_quantize_a8: x_q"));
     BN_TRY(bn_check_pointer(device, x_scales, 4, "bitnet_quantize_a8: x_scales"));
+    const bn_buffer buffers[] = {{"x", x, N * K * bn_dtype_size(x_dtype), 0, 0},
+                                 {"x_q", x_q, N * K, 1, 0},
+                                 {"x_scales", x_scales, N * 4, 1, 0}};
+    BN_CHECK_DISJOINT(op, buffers, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_quantize_a8(x, x_dtype, N, K, x_q, x_scales)
                : BN_CUDA(bn_cuda_quantize_a8(device, x, x_dtype, N, K, x_q, x_scales, stream));

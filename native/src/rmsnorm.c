@@ -5,18 +5,6 @@
 
 #include "internal.h"
 
-typedef struct {
-    const char *name;
-    const void *ptr; /* NULL: not given */
-    int64_t bytes;
-    int written;
-} buffer;
-
-static int overlap(const buffer *a, const buffer *b) {
-    uintptr_t pa = (uintptr_t)a->ptr, pb = (uintptr_t)b->ptr;
-    return a->ptr && b->ptr && pa < pb + (uintptr_t)b->bytes && pb < pa + (uintptr_t)a->bytes;
-}
-
 /* What differs between the two entry points: the function's name, and the input read per row,
  * x [T, H] or (gated) gate_up [T, 2F] with the width called F. */
 typedef struct {
@@ -63,21 +51,16 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
         BN_TRY(bn_check_pointer(device, y_scales, sizeof(float), arg_name(&name, op, "y_scales")));
     }
 
-    /* Every pair of arrays with one of them written must be disjoint; only y == x is allowed (not
-     * y == gate_up: a row of y would overwrite gate_up rows other rows still read). */
+    /* Only y == x may overlap (not y == gate_up: a row of y would overwrite gate_up rows other
+     * rows still read). */
     const int64_t bytes = T * H * size;
-    const buffer buffers[] = {{in_name, in, T * in_cols * size, 0}, {"weight", weight, H * size, 0},
-                              {"residual", residual, bytes, 1},     {"y", y, bytes, 1},
-                              {"y_q", y_q, T * H, 1},               {"y_scales", y_scales, T * 4, 1}};
-    const int n = (int)(sizeof buffers / sizeof *buffers);
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++) {
-            const buffer *a = &buffers[i], *b = &buffers[j];
-            int in_place = !op->gated && i == 0 && j == 3 && in == y;
-            BN_CHECK(!(a->written || b->written) || in_place || !overlap(a, b),
-                     "%s: %s and %s overlap (%s)", fn, a->name, b->name,
-                     op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
-        }
+    const bn_buffer buffers[] = {{in_name, in, T * in_cols * size, 0, 0},
+                                 {"weight", weight, H * size, 0, 0},
+                                 {"residual", residual, bytes, 1, 0},
+                                 {"y", y, bytes, 1, op->gated ? 0 : 1},
+                                 {"y_q", y_q, T * H, 1, 0},
+                                 {"y_scales", y_scales, T * 4, 1, 0}};
+    BN_CHECK_DISJOINT(fn, buffers, op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
     return BITNET_OK;
 }
 

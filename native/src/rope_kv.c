@@ -33,6 +33,14 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
     BN_TRY(bn_check_pointer(device, k_cache, align, "bitnet_rope_append_kv: k_cache"));
     BN_TRY(bn_check_pointer(device, v_cache, align, "bitnet_rope_append_kv: v_cache"));
     BN_TRY(bn_check_pointer(device, positions, 4, "bitnet_rope_append_kv: positions"));
+    const int64_t new_kv = B * S * Hkv * D * align, cache = B * C * Hkv * D * align;
+    const bn_buffer buffers[] = {{"q", q, B * S * Hq * D * align, 1, 0},
+                                 {"k", k, new_kv, 0, 0},
+                                 {"v", v, new_kv, 0, 0},
+                                 {"k_cache", k_cache, cache, 1, 0},
+                                 {"v_cache", v_cache, cache, 1, 0},
+                                 {"positions", positions, B * 4, 0, 0}};
+    BN_CHECK_DISJOINT(fn, buffers, "q is rotated in place; no other array may overlap a written one");
     if (!on_gpu)
         for (int64_t b = 0; b < B; b++)
             BN_CHECK(positions[b] >= 0 && positions[b] <= C - S,
