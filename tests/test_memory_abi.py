@@ -95,6 +95,16 @@ def test_memset_and_wrong_direction_copy():
 
 
 @pytest.mark.gpu_smoke
+def test_overlapping_device_copy_is_refused_untouched(rng):
+    data = rng.integers(0, 256, 64, dtype=np.uint8)
+    array = bitnet_ffi.DeviceArray.from_numpy(data, 0)
+    with pytest.raises(InvalidArgumentError, match="src and dst overlap"):
+        _ffi.call("memcpy", ffi.cast("void *", array.ptr + 8), ffi.cast("void *", array.ptr), 32,
+                  _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE, ffi.NULL)
+    assert (array.numpy() == data).all()
+
+
+@pytest.mark.gpu_smoke
 def test_out_of_memory_is_typed_and_the_library_keeps_working(rng):
     with pytest.raises(OutOfMemoryError, match="cudaErrorMemoryAllocation"):
         bitnet_ffi.DeviceArray((1 << 50,), "uint8", 0)
