@@ -33,6 +33,8 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
     BN_TRY(bn_check_pointer(device, k_cache, align, "bitnet_rope_append_kv: k_cache"));
     BN_TRY(bn_check_pointer(device, v_cache, align, "bitnet_rope_append_kv: v_cache"));
     BN_TRY(bn_check_pointer(device, positions, 4, "bitnet_rope_append_kv: positions"));
+    BN_TRY(bn_check_size("bitnet_rope_append_kv: q", B * S * Hq * D, align));
+    BN_TRY(bn_check_size("bitnet_rope_append_kv: k_cache", B * C * Hkv * D, align)); /* S <= C */
     const int64_t new_kv = B * S * Hkv * D * align, cache = B * C * Hkv * D * align;
     const bn_buffer buffers[] = {{"q", q, B * S * Hq * D * align, 1, 0},
                                  {"k", k, new_kv, 0, 0},
