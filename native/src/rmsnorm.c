@@ -60,7 +60,8 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
                                  {"y", y, bytes, 1, op->gated ? 0 : 1},
                                  {"y_q", y_q, T * H, 1, 0},
                                  {"y_scales", y_scales, T * 4, 1, 0}};
-    BN_CHECK_DISJOINT(fn, buffers, op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
+    BN_CHECK_DISJOINT(fn, buffers,
+                      op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
     return BITNET_OK;
 }
 

@@ -27,16 +27,17 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
     BN_CHECK(isfinite(theta) && theta > 1.0f, "%s: theta must be finite and > 1, got %g", fn,
              (double)theta);
     int64_t align = bn_dtype_size(dtype);
+    const int64_t q_count = B * S * Hq * D, cache_count = B * C * Hkv * D; /* fit: checked above */
+    BN_TRY(bn_check_size("bitnet_rope_append_kv: q", q_count, align));
+    BN_TRY(bn_check_size("bitnet_rope_append_kv: k_cache", cache_count, align)); /* k: S <= C */
     BN_TRY(bn_check_pointer(device, q, align, "bitnet_rope_append_kv: q"));
     BN_TRY(bn_check_pointer(device, k, align, "bitnet_rope_append_kv: k"));
     BN_TRY(bn_check_pointer(device, v, align, "bitnet_rope_append_kv: v"));
     BN_TRY(bn_check_pointer(device, k_cache, align, "bitnet_rope_append_kv: k_cache"));
     BN_TRY(bn_check_pointer(device, v_cache, align, "bitnet_rope_append_kv: v_cache"));
     BN_TRY(bn_check_pointer(device, positions, 4, "bitnet_rope_append_kv: positions"));
-    BN_TRY(bn_check_size("bitnet_rope_append_kv: q", B * S * Hq * D, align));
-    BN_TRY(bn_check_size("bitnet_rope_append_kv: k_cache", B * C * Hkv * D, align)); /* S <= C */
-    const int64_t new_kv = B * S * Hkv * D * align, cache = B * C * Hkv * D * align;
-    const bn_buffer buffers[] = {{"q", q, B * S * Hq * D * align, 1, 0},
+    const int64_t new_kv = B * S * Hkv * D * align, cache = cache_count * align;
+    const bn_buffer buffers[] = {{"q", q, q_count * align, 1, 0},
                                  {"k", k, new_kv, 0, 0},
                                  {"v", v, new_kv, 0, 0},
                                  {"k_cache", k_cache, cache, 1, 0},
