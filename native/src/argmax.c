@@ -6,10 +6,9 @@ bitnet_status bitnet_argmax(int32_t device, const float *x, int64_t N, int64_t M
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_matrix("argmax: x", N, M, 4));
     BN_CHECK(M <= INT32_MAX, "argmax: M = %lld does not fit the int32 index", (long long)M);
-    BN_TRY(bn_check_pointer(device, x, 4, "argmax: x"));
-    BN_TRY(bn_check_pointer(device, index, 4, "argmax: index"));
-    const bn_buffer buffers[] = {{"x", x, N * M * 4, 0, 0}, {"index", index, N * 4, 1, 0}};
-    BN_CHECK_DISJOINT("argmax", buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"x", x, N * M * 4, 4, BN_READ},
+                               {"index", index, N * 4, 4, BN_WRITTEN}};
+    BN_CHECK_ARRAYS("argmax", device, arrays, BN_NO_OVERLAP);
     if (device == BITNET_DEVICE_CPU) return bn_cpu_argmax(x, N, M, index);
     return BN_CUDA(bn_cuda_argmax(device, x, N, M, index, stream));
 }

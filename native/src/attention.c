@@ -92,31 +92,21 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
     BN_CHECK(workspace_bytes >= 0, "%s: workspace_bytes is negative (%lld)", fn,
              (long long)workspace_bytes);
 
-    int64_t align = on_gpu ? 16 : bn_dtype_size(dtype);
-    BN_TRY(bn_check_pointer(device, q, align, "bitnet_attention: q"));
-    BN_TRY(bn_check_pointer(device, k, align, "bitnet_attention: k"));
-    BN_TRY(bn_check_pointer(device, v, align, "bitnet_attention: v"));
-    BN_TRY(bn_check_pointer(device, out, align, "bitnet_attention: out"));
-    if (seq_lens) BN_TRY(bn_check_pointer(device, seq_lens, 4, "bitnet_attention: seq_lens"));
-
     int64_t splits = 1;
     BN_TRY(num_splits_for(device, B, Sq, Hq, Hkv, D, C, &splits));
-    int64_t needed = bn_attention_workspace_bytes(splits, B, Sq, Hq, D);
-    if (needed > 0) {
-        BN_CHECK(workspace_bytes >= needed,
-                 "%s: workspace of %lld bytes is too small, these sizes need %lld "
-                 "(bitnet_attention_workspace_size)", fn, (long long)workspace_bytes,
-                 (long long)needed);
-        BN_TRY(bn_check_pointer(device, workspace, 16, "bitnet_attention: workspace"));
-    }
-    const int64_t size = bn_dtype_size(dtype);
-    const bn_buffer buffers[] = {{"q", q, q_count * size, 0, 0},
-                                 {"k", k, kv_count * size, 0, 0},
-                                 {"v", v, kv_count * size, 0, 0},
-                                 {"seq_lens", seq_lens, B * 4, 0, 0},
-                                 {"out", out, q_count * size, 1, 0},
-                                 {"workspace", needed > 0 ? workspace : NULL, needed, 1, 0}};
-    BN_CHECK_DISJOINT(fn, buffers, BN_NO_OVERLAP);
+    const int64_t needed = bn_attention_workspace_bytes(splits, B, Sq, Hq, D); /* 0: none used */
+    BN_CHECK(workspace_bytes >= needed,
+             "%s: workspace of %lld bytes is too small, these sizes need %lld "
+             "(bitnet_attention_workspace_size)", fn, (long long)workspace_bytes, (long long)needed);
+
+    const int64_t size = bn_dtype_size(dtype), align = on_gpu ? 16 : size;
+    const bn_array arrays[] = {{"q", q, q_count * size, align, BN_READ},
+                               {"k", k, kv_count * size, align, BN_READ},
+                               {"v", v, kv_count * size, align, BN_READ},
+                               {"seq_lens", seq_lens, B * 4, 4, BN_READ | BN_OPTIONAL},
+                               {"out", out, q_count * size, align, BN_WRITTEN},
+                               {"workspace", workspace, needed, 16, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
 
     if (!on_gpu) {
         int64_t min_len = causal ? Sq : 1;

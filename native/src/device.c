@@ -79,8 +79,9 @@ bitnet_status bitnet_memcpy(void *dst, const void *src, int64_t nbytes, bitnet_c
     BN_CHECK(src_on_host == (kind == BITNET_COPY_HOST_TO_DEVICE),
              "bitnet_memcpy: src (%p) is %s memory, which does not match the copy kind %d", src,
              src_on_host ? "host" : "device", (int)kind);
-    const bn_buffer buffers[] = {{"src", src, nbytes, 0, 0}, {"dst", dst, nbytes, 1, 0}};
-    BN_CHECK_DISJOINT("bitnet_memcpy", buffers, "a copy's source and destination may not overlap");
+    const bn_array arrays[] = {{"src", src, nbytes, 1, BN_READ}, {"dst", dst, nbytes, 1, BN_WRITTEN}};
+    BN_TRY(bn_check_disjoint("bitnet_memcpy", arrays, BN_COUNT(arrays),
+                             "a copy's source and destination may not overlap"));
     int32_t device = dst_on_host ? src_device : dst_device;
     return BN_CUDA(bn_cuda_memcpy(device, dst, src, nbytes, kind, stream));
 }

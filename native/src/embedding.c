@@ -11,13 +11,10 @@ bitnet_status bitnet_embedding(int32_t device, int32_t dtype, const void *table,
     BN_TRY(bn_check_matrix("embedding: table", V, H, elem));
     BN_TRY(bn_check_matrix("embedding: out", N, H, elem));
     BN_CHECK(V <= INT32_MAX, "embedding: V = %lld does not fit the int32 ids", (long long)V);
-    BN_TRY(bn_check_pointer(device, table, elem, "embedding: table"));
-    BN_TRY(bn_check_pointer(device, ids, 4, "embedding: ids"));
-    BN_TRY(bn_check_pointer(device, out, elem, "embedding: out"));
-    const bn_buffer buffers[] = {{"table", table, V * H * elem, 0, 0},
-                                 {"ids", ids, N * 4, 0, 0},
-                                 {"out", out, N * H * elem, 1, 0}};
-    BN_CHECK_DISJOINT("embedding", buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"table", table, V * H * elem, elem, BN_READ},
+                               {"ids", ids, N * 4, 4, BN_READ},
+                               {"out", out, N * H * elem, elem, BN_WRITTEN}};
+    BN_CHECK_ARRAYS("embedding", device, arrays, BN_NO_OVERLAP);
     if (device == BITNET_DEVICE_CPU) {
         for (int64_t n = 0; n < N; n++)
             BN_CHECK(ids[n] >= 0 && ids[n] < V, "embedding: ids[%lld] = %d is outside [0, %lld)",

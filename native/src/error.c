@@ -82,7 +82,7 @@ bitnet_status bn_check_device(int32_t device) {
     return BITNET_OK;
 }
 
-static int overlap(const bn_buffer *a, const bn_buffer *b) {
+static int overlap(const bn_array *a, const bn_array *b) {
     if (!a->ptr || !b->ptr || a->bytes <= 0 || b->bytes <= 0) return 0;
     uintptr_t pa = (uintptr_t)a->ptr, pb = (uintptr_t)b->ptr;
     uintptr_t ea = pa + (uintptr_t)a->bytes, eb = pb + (uintptr_t)b->bytes;
@@ -91,16 +91,29 @@ static int overlap(const bn_buffer *a, const bn_buffer *b) {
     return pa < eb && pb < ea;
 }
 
-bitnet_status bn_check_disjoint(const char *fn, const bn_buffer *buffers, int n, const char *rule) {
+bitnet_status bn_check_disjoint(const char *fn, const bn_array *arrays, int n, const char *rule) {
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
-            const bn_buffer *a = &buffers[i], *b = &buffers[j];
+            const bn_array *a = &arrays[i], *b = &arrays[j];
             const int in_place = (a->may_equal == j + 1 || b->may_equal == i + 1) &&
                                  a->ptr == b->ptr && a->bytes == b->bytes;
-            BN_CHECK(!(a->written || b->written) || in_place || !overlap(a, b),
-                     "%s: %s and %s overlap (%s)", fn, a->name, b->name, rule);
+            const int written = (a->flags | b->flags) & BN_WRITTEN;
+            BN_CHECK(!written || in_place || !overlap(a, b), "%s: %s and %s overlap (%s)", fn,
+                     a->name, b->name, rule);
         }
     return BITNET_OK;
+}
+
+bitnet_status bn_check_arrays(const char *fn, int32_t device, const bn_array *arrays, int n,
+                              const char *rule) {
+    for (int i = 0; i < n; i++) {
+        const bn_array *a = &arrays[i];
+        if (a->bytes == 0 || (!a->ptr && (a->flags & BN_OPTIONAL))) continue;
+        char name[96];
+        snprintf(name, sizeof name, "%s: %s", fn, a->name);
+        BN_TRY(bn_check_pointer(device, a->ptr, a->align, name));
+    }
+    return bn_check_disjoint(fn, arrays, n, rule);
 }
 
 bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name) {

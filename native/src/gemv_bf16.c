@@ -14,13 +14,11 @@ bitnet_status bitnet_gemv_bf16(int32_t device, const void *w, int64_t M, int64_t
     BN_TRY(bn_check_matrix("gemv_bf16: x", N, K, bn_dtype_size(x_dtype)));
     BN_TRY(bn_check_matrix("gemv_bf16: y", N, M, bn_dtype_size(y_dtype)));
     BN_CHECK(K % 8 == 0, "gemv_bf16: K must be a multiple of 8, got %lld", (long long)K);
-    BN_TRY(bn_check_pointer(device, w, 16, "gemv_bf16: w"));
-    BN_TRY(bn_check_pointer(device, x, 16, "gemv_bf16: x"));
-    BN_TRY(bn_check_pointer(device, y, bn_dtype_size(y_dtype), "gemv_bf16: y"));
-    const bn_buffer buffers[] = {{"w", w, M * K * 2, 0, 0},
-                                 {"x", x, N * K * bn_dtype_size(x_dtype), 0, 0},
-                                 {"y", y, N * M * bn_dtype_size(y_dtype), 1, 0}};
-    BN_CHECK_DISJOINT("gemv_bf16", buffers, BN_NO_OVERLAP);
+    const int64_t y_size = bn_dtype_size(y_dtype);
+    const bn_array arrays[] = {{"w", w, M * K * 2, 16, BN_READ},
+                               {"x", x, N * K * bn_dtype_size(x_dtype), 16, BN_READ},
+                               {"y", y, N * M * y_size, y_size, BN_WRITTEN}};
+    BN_CHECK_ARRAYS("gemv_bf16", device, arrays, BN_NO_OVERLAP);
     if (device == BITNET_DEVICE_CPU) return bn_cpu_gemv_bf16(w, M, K, x, x_dtype, N, y, y_dtype);
     return BN_CUDA(bn_cuda_gemv_bf16(device, w, M, K, x, x_dtype, N, y, y_dtype, stream));
 }

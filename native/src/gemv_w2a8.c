@@ -14,17 +14,13 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const fl
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: x_q", N, K));
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N, M));
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N * M, bn_dtype_size(y_dtype)));
-    BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_gemv_w2a8: w_packed"));
-    BN_TRY(bn_check_pointer(device, w_scales, 4, "bitnet_gemv_w2a8: w_scales"));
-    BN_TRY(bn_check_pointer(device, x_q, 16, "bitnet_gemv_w2a8: x_q"));
-    BN_TRY(bn_check_pointer(device, x_scales, 4, "bitnet_gemv_w2a8: x_scales"));
-    BN_TRY(bn_check_pointer(device, y, bn_dtype_size(y_dtype), "bitnet_gemv_w2a8: y"));
-    const bn_buffer buffers[] = {{"w_packed", w_packed, M * K / 4, 0, 0},
-                                 {"w_scales", w_scales, M * 4, 0, 0},
-                                 {"x_q", x_q, N * K, 0, 0},
-                                 {"x_scales", x_scales, N * 4, 0, 0},
-                                 {"y", y, N * M * bn_dtype_size(y_dtype), 1, 0}};
-    BN_CHECK_DISJOINT(op, buffers, BN_NO_OVERLAP);
+    const int64_t y_size = bn_dtype_size(y_dtype);
+    const bn_array arrays[] = {{"w_packed", w_packed, M * K / 4, 16, BN_READ},
+                               {"w_scales", w_scales, M * 4, 4, BN_READ},
+                               {"x_q", x_q, N * K, 16, BN_READ},
+                               {"x_scales", x_scales, N * 4, 4, BN_READ},
+                               {"y", y, N * M * y_size, y_size, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(op, device, arrays, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_gemv_w2a8(w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype)
                : BN_CUDA(bn_cuda_gemv_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y,

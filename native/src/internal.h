@@ -35,22 +35,29 @@ bitnet_status bn_check_matrix(const char *what, int64_t rows, int64_t cols, int6
  * machine with a GPU, asking the runtime where a pointer lives creates the CUDA context. */
 bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, const char *name);
 
-/* One array of a call for bn_check_disjoint: its bytes at ptr (NULL: not given), whether the op
- * writes it, and 1 + the index of the array it may coincide with exactly (in place), else 0. */
+/* One array of a call, for bn_check_arrays and bn_check_disjoint. An array of 0 bytes is not used
+ * by the call and is not checked. */
+enum { BN_READ = 0, BN_WRITTEN = 1, BN_OPTIONAL = 2 };
 typedef struct {
     const char *name;
     const void *ptr;
     int64_t bytes;
-    int written;
-    int may_equal;
-} bn_buffer;
+    int64_t align;  /* the alignment bn_check_pointer asks of ptr */
+    int flags;      /* BN_WRITTEN: the op writes it; BN_OPTIONAL: NULL means not given */
+    int may_equal;  /* 1 + the index of the array it may coincide with exactly (in place), else 0 */
+} bn_array;
 
-/* Checks that no two of the n buffers overlap where one of them is written (a kernel writing an
- * array that another part of it still reads would compute a wrong answer), except a buffer and the
+/* Checks that no two of the n arrays overlap where one of them is written (a kernel writing an
+ * array that another part of it still reads would compute a wrong answer), except an array and the
  * one it may equal, at the same address with the same size. `rule` ends the message. */
-bitnet_status bn_check_disjoint(const char *fn, const bn_buffer *buffers, int n, const char *rule);
-#define BN_CHECK_DISJOINT(fn, buffers, rule) \
-    BN_TRY(bn_check_disjoint(fn, buffers, (int)(sizeof(buffers) / sizeof *(buffers)), rule))
+bitnet_status bn_check_disjoint(const char *fn, const bn_array *arrays, int n, const char *rule);
+/* Every pointer check of an op, in the order of its table: bn_check_pointer on each array (named
+ * "fn: name"; a NULL optional one is skipped), then bn_check_disjoint. */
+bitnet_status bn_check_arrays(const char *fn, int32_t device, const bn_array *arrays, int n,
+                              const char *rule);
+#define BN_COUNT(table) ((int)(sizeof(table) / sizeof *(table)))
+#define BN_CHECK_ARRAYS(fn, device, arrays, rule) \
+    BN_TRY(bn_check_arrays(fn, device, arrays, BN_COUNT(arrays), rule))
 /* The rule of the ops without an in-place form. */
 #define BN_NO_OVERLAP "no output may overlap another array"
 

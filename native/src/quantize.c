@@ -51,13 +51,10 @@ bitnet_status bitnet_quantize_i2s(int32_t device, const void *w, int32_t w_dtype
     BN_TRY(bn_check_ternary_shape(op, M, K));
     BN_TRY(bn_check_size("bitnet_quantize_i2s: w", M * K, bn_dtype_size(w_dtype)));
     BN_TRY(check_segments(row_segments, n_segments, M));
-    BN_TRY(bn_check_pointer(device, w, 16, "bitnet_quantize_i2s: w"));
-    BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_quantize_i2s: w_packed"));
-    BN_TRY(bn_check_pointer(device, w_scales, 4, "bitnet_quantize_i2s: w_scales"));
-    const bn_buffer buffers[] = {{"w", w, M * K * bn_dtype_size(w_dtype), 0, 0},
-                                 {"w_packed", w_packed, M * K / 4, 1, 0},
-                                 {"w_scales", w_scales, M * 4, 1, 0}};
-    BN_CHECK_DISJOINT(op, buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"w", w, M * K * bn_dtype_size(w_dtype), 16, BN_READ},
+                               {"w_packed", w_packed, M * K / 4, 16, BN_WRITTEN},
+                               {"w_scales", w_scales, M * 4, 4, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(op, device, arrays, BN_NO_OVERLAP);
     if (!row_segments) n_segments = 1;
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_quantize_i2s(w, w_dtype, M, K, row_segments, n_segments, w_packed, w_scales)
@@ -69,10 +66,9 @@ bitnet_status bitnet_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, 
                                   uint8_t *w_packed, void *stream) {
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_ternary_shape("bitnet_pack_ternary", M, K));
-    BN_TRY(bn_check_pointer(device, w_q, 16, "bitnet_pack_ternary: w_q"));
-    BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_pack_ternary: w_packed"));
-    const bn_buffer buffers[] = {{"w_q", w_q, M * K, 0, 0}, {"w_packed", w_packed, M * K / 4, 1, 0}};
-    BN_CHECK_DISJOINT("bitnet_pack_ternary", buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"w_q", w_q, M * K, 16, BN_READ},
+                               {"w_packed", w_packed, M * K / 4, 16, BN_WRITTEN}};
+    BN_CHECK_ARRAYS("bitnet_pack_ternary", device, arrays, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_pack_ternary(w_q, M, K, w_packed)
                : BN_CUDA(bn_cuda_pack_ternary(device, w_q, M, K, w_packed, stream));
@@ -82,10 +78,9 @@ bitnet_status bitnet_unpack_ternary(int32_t device, const uint8_t *w_packed, int
                                     int8_t *w_q, void *stream) {
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_ternary_shape("bitnet_unpack_ternary", M, K));
-    BN_TRY(bn_check_pointer(device, w_packed, 16, "bitnet_unpack_ternary: w_packed"));
-    BN_TRY(bn_check_pointer(device, w_q, 16, "bitnet_unpack_ternary: w_q"));
-    const bn_buffer buffers[] = {{"w_packed", w_packed, M * K / 4, 0, 0}, {"w_q", w_q, M * K, 1, 0}};
-    BN_CHECK_DISJOINT("bitnet_unpack_ternary", buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"w_packed", w_packed, M * K / 4, 16, BN_READ},
+                               {"w_q", w_q, M * K, 16, BN_WRITTEN}};
+    BN_CHECK_ARRAYS("bitnet_unpack_ternary", device, arrays, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_unpack_ternary(w_packed, M, K, w_q)
                : BN_CUDA(bn_cuda_unpack_ternary(device, w_packed, M, K, w_q, stream));
@@ -98,13 +93,10 @@ bitnet_status bitnet_quantize_a8(int32_t device, const void *x, int32_t x_dtype,
     BN_TRY(bn_check_float_dtype(op, "x_dtype", x_dtype));
     BN_TRY(bn_check_ternary_shape(op, N, K));
     BN_TRY(bn_check_size("bitnet_quantize_a8: x", N * K, bn_dtype_size(x_dtype)));
-    BN_TRY(bn_check_pointer(device, x, 16, "bitnet_quantize_a8: x"));
-    BN_TRY(bn_check_pointer(device, x_q, 16, "bitnet_quantize_a8: x_q"));
-    BN_TRY(bn_check_pointer(device, x_scales, 4, "bitnet_quantize_a8: x_scales"));
-    const bn_buffer buffers[] = {{"x", x, N * K * bn_dtype_size(x_dtype), 0, 0},
-                                 {"x_q", x_q, N * K, 1, 0},
-                                 {"x_scales", x_scales, N * 4, 1, 0}};
-    BN_CHECK_DISJOINT(op, buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"x", x, N * K * bn_dtype_size(x_dtype), 16, BN_READ},
+                               {"x_q", x_q, N * K, 16, BN_WRITTEN},
+                               {"x_scales", x_scales, N * 4, 4, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(op, device, arrays, BN_NO_OVERLAP);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_quantize_a8(x, x_dtype, N, K, x_q, x_scales)
                : BN_CUDA(bn_cuda_quantize_a8(device, x, x_dtype, N, K, x_q, x_scales, stream));

@@ -13,11 +13,9 @@ bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_
     BN_CHECK(F <= INT32_MAX && T <= INT64_MAX / (2 * F), "%s: T * 2F overflows", fn);
     BN_TRY(bn_check_size(fn, 2 * T * F, bn_dtype_size(dtype)));
     int64_t align = bn_dtype_size(dtype);
-    BN_TRY(bn_check_pointer(device, gate_up, align, "bitnet_relu2_gate: gate_up"));
-    BN_TRY(bn_check_pointer(device, out, align, "bitnet_relu2_gate: out"));
-    const bn_buffer buffers[] = {{"gate_up", gate_up, 2 * T * F * align, 0, 0},
-                                 {"out", out, T * F * align, 1, 0}};
-    BN_CHECK_DISJOINT(fn, buffers, BN_NO_OVERLAP);
+    const bn_array arrays[] = {{"gate_up", gate_up, 2 * T * F * align, align, BN_READ},
+                               {"out", out, T * F * align, align, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
     return on_gpu ? BN_CUDA(bn_cuda_relu2_gate(device, dtype, T, F, gate_up, out, stream))
                   : bn_cpu_relu2_gate(dtype, T, F, gate_up, out);
 }

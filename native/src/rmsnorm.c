@@ -12,19 +12,12 @@ typedef struct {
     int gated;
 } norm_op;
 
-/* `fn: arg` in buf, for the messages of the shared checks. */
-static const char *arg_name(char (*buf)[64], const norm_op *op, const char *arg) {
-    snprintf(*buf, sizeof *buf, "%s: %s", op->fn, arg);
-    return *buf;
-}
-
 /* Every check of both entry points. `in` is x, or gate_up when gated; residual is NULL when gated. */
 static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype, int64_t T,
                                 int64_t H, const void *in, const void *residual, const void *weight,
                                 float eps, const void *y, const int8_t *y_q, const float *y_scales) {
     const char *fn = op->fn, *in_name = op->gated ? "gate_up" : "x", *width = op->gated ? "F" : "H";
     const int64_t factor = op->gated ? 2 : 1; /* input elements per output element */
-    char name[64];
     BN_TRY(bn_check_device(device));
     BN_CHECK(dtype == BITNET_DTYPE_F32 || dtype == BITNET_DTYPE_F16 || dtype == BITNET_DTYPE_BF16,
              "%s: dtype %d (%s) is not float32, float16 or bfloat16", fn, dtype,
@@ -35,34 +28,26 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
              "%s: T*%s%s overflows (T=%lld, %s=%lld)", fn, op->gated ? "2" : "", width,
              (long long)T, width, (long long)H);
     const int64_t size = bn_dtype_size(dtype), in_cols = factor * H;
-    BN_TRY(bn_check_size(arg_name(&name, op, in_name), T * in_cols, size));
+    char name[64];
+    snprintf(name, sizeof name, "%s: %s", fn, in_name);
+    BN_TRY(bn_check_size(name, T * in_cols, size));
     BN_CHECK(isfinite(eps) && eps >= 0.0f, "%s: eps must be finite and >= 0, got %g", fn,
              (double)eps);
     BN_CHECK(y || y_q, "%s: y and y_q are both NULL; ask for at least one output", fn);
     BN_CHECK(!y_q == !y_scales, "%s: y_q and y_scales go together (y_q %s, y_scales %s)", fn,
              y_q ? "given" : "NULL", y_scales ? "given" : "NULL");
 
-    BN_TRY(bn_check_pointer(device, in, size, arg_name(&name, op, in_name)));
-    BN_TRY(bn_check_pointer(device, weight, size, arg_name(&name, op, "weight")));
-    if (residual) BN_TRY(bn_check_pointer(device, residual, size, arg_name(&name, op, "residual")));
-    if (y) BN_TRY(bn_check_pointer(device, y, size, arg_name(&name, op, "y")));
-    if (y_q) {
-        BN_TRY(bn_check_pointer(device, y_q, 1, arg_name(&name, op, "y_q")));
-        BN_TRY(bn_check_pointer(device, y_scales, sizeof(float), arg_name(&name, op, "y_scales")));
-    }
-
     /* Only y == x may overlap (not y == gate_up: a row of y would overwrite gate_up rows other
      * rows still read). */
     const int64_t bytes = T * H * size;
-    const bn_buffer buffers[] = {{in_name, in, T * in_cols * size, 0, 0},
-                                 {"weight", weight, H * size, 0, 0},
-                                 {"residual", residual, bytes, 1, 0},
-                                 {"y", y, bytes, 1, op->gated ? 0 : 1},
-                                 {"y_q", y_q, T * H, 1, 0},
-                                 {"y_scales", y_scales, T * 4, 1, 0}};
-    BN_CHECK_DISJOINT(fn, buffers,
-                      op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
-    return BITNET_OK;
+    const bn_array arrays[] = {{in_name, in, T * in_cols * size, size, BN_READ},
+                               {"weight", weight, H * size, size, BN_READ},
+                               {"residual", residual, bytes, size, BN_WRITTEN | BN_OPTIONAL},
+                               {"y", y, bytes, size, BN_WRITTEN | BN_OPTIONAL, op->gated ? 0 : 1},
+                               {"y_q", y_q, T * H, 1, BN_WRITTEN | BN_OPTIONAL},
+                               {"y_scales", y_scales, T * 4, 4, BN_WRITTEN | BN_OPTIONAL}};
+    return bn_check_arrays(fn, device, arrays, BN_COUNT(arrays),
+                           op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
 }
 
 bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,

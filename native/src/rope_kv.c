@@ -30,20 +30,15 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
     const int64_t q_count = B * S * Hq * D, cache_count = B * C * Hkv * D; /* fit: checked above */
     BN_TRY(bn_check_size("bitnet_rope_append_kv: q", q_count, align));
     BN_TRY(bn_check_size("bitnet_rope_append_kv: k_cache", cache_count, align)); /* k: S <= C */
-    BN_TRY(bn_check_pointer(device, q, align, "bitnet_rope_append_kv: q"));
-    BN_TRY(bn_check_pointer(device, k, align, "bitnet_rope_append_kv: k"));
-    BN_TRY(bn_check_pointer(device, v, align, "bitnet_rope_append_kv: v"));
-    BN_TRY(bn_check_pointer(device, k_cache, align, "bitnet_rope_append_kv: k_cache"));
-    BN_TRY(bn_check_pointer(device, v_cache, align, "bitnet_rope_append_kv: v_cache"));
-    BN_TRY(bn_check_pointer(device, positions, 4, "bitnet_rope_append_kv: positions"));
     const int64_t new_kv = B * S * Hkv * D * align, cache = cache_count * align;
-    const bn_buffer buffers[] = {{"q", q, q_count * align, 1, 0},
-                                 {"k", k, new_kv, 0, 0},
-                                 {"v", v, new_kv, 0, 0},
-                                 {"k_cache", k_cache, cache, 1, 0},
-                                 {"v_cache", v_cache, cache, 1, 0},
-                                 {"positions", positions, B * 4, 0, 0}};
-    BN_CHECK_DISJOINT(fn, buffers, "q is rotated in place; no other array may overlap a written one");
+    const bn_array arrays[] = {{"q", q, q_count * align, align, BN_WRITTEN},
+                               {"k", k, new_kv, align, BN_READ},
+                               {"v", v, new_kv, align, BN_READ},
+                               {"k_cache", k_cache, cache, align, BN_WRITTEN},
+                               {"v_cache", v_cache, cache, align, BN_WRITTEN},
+                               {"positions", positions, B * 4, 4, BN_READ}};
+    BN_CHECK_ARRAYS(fn, device, arrays,
+                    "q is rotated in place; no other array may overlap a written one");
     if (!on_gpu)
         for (int64_t b = 0; b < B; b++)
             BN_CHECK(positions[b] >= 0 && positions[b] <= C - S,
