@@ -221,6 +221,9 @@ def make_gate_up(rng, T, F, dtype, magnitude=None):
         gate_up, weight, _ = make_inputs(rng, T, 2 * F, dtype)
     else:
         gate_up = make_extreme(rng, T, 2 * F, dtype, magnitude)[0]
+        # A positive gate in every row, so that no row of v is all zero: the extreme magnitudes
+        # come with eps = 0, where such a row's norm is 0 / 0 (test_zero_row_with_eps_0_...).
+        gate_up[:, 0] = np.abs(gate_up[:, 0])
     return gate_up, make_inputs(rng, 1, F, dtype)[1]
 
 
@@ -546,6 +549,48 @@ def test_nan_weights_give_nan_codes_and_leave_the_scale_to_the_rest(rng, backend
     if "y" in got:
         assert_close(got["y"][:, keep], y_ref[:, keep], dtype)
     check_quantized(got["y_q"][:, keep], got["scales"], y_ref[:, keep])
+
+
+def assert_zero_row_outputs(got, row):
+    """Row `row` of a norm with eps = 0 over an all-zero row: y = 0 / 0 = NaN, as in the float64
+    reference and torch; so, by the NaN rule, codes -128 and the scale 127 / 1e-5."""
+    if "y" in got:
+        assert np.isnan(got["y"][row].astype(np.float32)).all()
+    if "y_q" in got:
+        assert (got["y_q"][row] == -128).all()
+        np.testing.assert_array_equal(got["scales"][row], np.float32(127) / np.float32(1e-5))
+
+
+def other_rows(got, row):
+    return {name: np.delete(a, row, axis=0) for name, a in got.items()}
+
+
+@pytest.mark.parametrize("backend", (pytest.param("cpu", marks=pytest.mark.cpu),
+                                     pytest.param("gpu", marks=pytest.mark.gpu)))
+@pytest.mark.parametrize("H", (7, 2560))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ("norm", "add_quant_y", "relu2"))
+def test_zero_row_with_eps_0_is_nan_and_leaves_the_other_rows(rng, backend, H, dtype, variant):
+    """With eps = 0 a row whose values are all zero (x + residual = 0, or gates all <= 0 for the
+    gated norm) has RMS 0: its outputs follow assert_zero_row_outputs, the other rows are as
+    usual."""
+    put, get = (numpy_copy, numpy_copy) if backend == "cpu" else (torch_put, torch_get)
+    row = 1
+    if variant == "relu2":
+        gate_up, weight = make_gate_up(rng, 3, H, dtype)
+        gate_up[:, 0] = np.abs(gate_up[:, 0])  # no other row all zero
+        gate_up[row, :H] = -np.abs(gate_up[row, :H])
+        got = run_gated(gate_up, weight, 0.0, True, put, get)
+        assert_zero_row_outputs(got, row)
+        check_gated(other_rows(got, row), np.delete(gate_up, row, axis=0), weight, 0.0)
+        return
+    x, weight, residual = make_inputs(rng, 3, H, dtype)
+    x[row] = 0
+    residual[row] = 0
+    got = run(variant, x, weight, 0.0, residual, put, get)
+    assert_zero_row_outputs(got, row)
+    check(variant, other_rows(got, row), np.delete(x, row, axis=0), weight, 0.0,
+          np.delete(residual, row, axis=0))
 
 
 @pytest.mark.gpu
