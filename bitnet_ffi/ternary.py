@@ -1,5 +1,7 @@
 """Ternary (1.58-bit) weights and the W2A8 GEMV: quantize_i2s, pack_ternary, quantize_a8 and
 gemv_w2a8. The packed layout and the exact rounding rules are in docs/weight_format.md."""
+import operator
+
 import numpy as np
 
 from . import _arrays, _ffi
@@ -78,7 +80,11 @@ def _scales_like(reference, scales, M):
     """Per-row float32 scales on the reference array's device from a scalar, a sequence or an
     array; an array already on that device is used as is (after checks)."""
     if np.isscalar(scales) or isinstance(scales, (list, tuple)):
-        host = np.array(np.broadcast_to(np.asarray(scales, dtype=np.float32), (M,)))  # a writable copy
+        values = np.asarray(scales, dtype=np.float32)
+        if values.ndim > 1 or values.size not in (1, M):
+            raise InvalidArgumentError(f"scales: expected a scalar or {M} values (one per row), "
+                                       f"got shape {list(values.shape)}")
+        host = np.array(np.broadcast_to(values, (M,)))  # a writable copy
         if reference.device == CPU:
             return host
         if reference.kind == "torch":
@@ -117,7 +123,11 @@ def quantize_i2s(w, row_segments=None, stream=None):
     segments = _ffi.ffi.NULL
     n_segments = 0
     if row_segments is not None:
-        counts = [int(c) for c in row_segments]
+        try:
+            counts = [operator.index(c) for c in row_segments]
+        except TypeError:
+            raise InvalidArgumentError(f"row_segments must be integer row counts, got "
+                                       f"{list(row_segments)!r}") from None
         if not counts or min(counts) < 1 or sum(counts) != M:
             raise InvalidArgumentError(f"row_segments {counts} must be positive row counts "
                                        f"summing to M = {M}")

@@ -281,7 +281,8 @@ MUTATIONS = {
         Mutation("M", BIG, INVALID, "overflow a 64-bit byte count"),
     ] + pointers("w_packed", "w_q", aligned=("w_packed", "w_q"))
       + overlaps(("w_packed", "w_q", ("w_packed", "w_q"))),
-    "quantize_a8": bad_devices() + non_positive(TERNARY, "N", "K") + [
+    "quantize_a8": bad_devices() + non_positive("N must be at least 1", "N")
+      + non_positive(TERNARY, "K") + [
         Mutation("x_dtype", 4, UNSUPPORTED, "int32 is not supported"),
         Mutation("x_dtype", 77, INVALID, "is not a bitnet_dtype"),
         Mutation("K", 1 << 23, UNSUPPORTED, "over the largest supported K"),

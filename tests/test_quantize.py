@@ -234,12 +234,18 @@ def test_python_bad_input(rng):
         bn.quantize_i2s(np.ones((4, 96), np.float32))
     with pytest.raises(InvalidArgumentError, match="row_segments"):
         bn.quantize_i2s(np.ones((4, 128), np.float32), row_segments=[1, 2])
+    with pytest.raises(InvalidArgumentError, match="integer row counts"):  # not truncated to [2, 2]
+        bn.quantize_i2s(np.ones((4, 128), np.float32), row_segments=[2.7, 2.2])
+    with pytest.raises(InvalidArgumentError, match="N must be at least 1"):
+        bn.quantize_a8(np.ones((0, 128), np.float32))
     with pytest.raises(InvalidArgumentError, match="dtype"):
         bn.quantize_a8(np.ones((2, 128), np.int8))
     with pytest.raises(InvalidArgumentError, match="dtype"):
         bn.pack_ternary(np.ones((2, 128), np.int32), 1.0)
     with pytest.raises(InvalidArgumentError, match="shape"):
         bn.pack_ternary(np.ones((2, 128), np.int8), np.ones(3, np.float32))
+    with pytest.raises(InvalidArgumentError, match="a scalar or 2 values"):
+        bn.pack_ternary(np.ones((2, 128), np.int8), [1.0, 2.0, 3.0])
 
 
 @pytest.mark.cpu

@@ -95,7 +95,8 @@ bitnet_status bn_check_disjoint(const char *fn, const bn_array *arrays, int n, c
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++) {
             const bn_array *a = &arrays[i], *b = &arrays[j];
-            const int in_place = (a->may_equal == j + 1 || b->may_equal == i + 1) &&
+            const int in_place = (BN_MAY_EQUAL_INDEX(a->flags) == j ||
+                                  BN_MAY_EQUAL_INDEX(b->flags) == i) &&
                                  a->ptr == b->ptr && a->bytes == b->bytes;
             const int written = (a->flags | b->flags) & BN_WRITTEN;
             BN_CHECK(!written || in_place || !overlap(a, b), "%s: %s and %s overlap (%s)", fn,

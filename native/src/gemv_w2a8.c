@@ -9,7 +9,7 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const fl
     BN_TRY(bn_check_device(device));
     BN_CHECK(bn_dtype_size(y_dtype) != 0, "%s: y_dtype = %d is not a bitnet_dtype", op, y_dtype);
     if (y_dtype != BITNET_DTYPE_I32) BN_TRY(bn_check_float_dtype(op, "y_dtype", y_dtype));
-    BN_TRY(bn_check_ternary_shape(op, M, K));
+    BN_TRY(bn_check_ternary_shape(op, "M", M, K));
     BN_CHECK(N >= 1, "%s: N must be at least 1, got %lld", op, (long long)N);
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: x_q", N, K));
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N, M));

@@ -37,15 +37,17 @@ bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, c
 
 /* One array of a call, for bn_check_arrays and bn_check_disjoint. An array of 0 bytes is not used
  * by the call and is not checked. */
-enum { BN_READ = 0, BN_WRITTEN = 1, BN_OPTIONAL = 2 };
 typedef struct {
     const char *name;
     const void *ptr;
     int64_t bytes;
-    int64_t align;  /* the alignment bn_check_pointer asks of ptr */
-    int flags;      /* BN_WRITTEN: the op writes it; BN_OPTIONAL: NULL means not given */
-    int may_equal;  /* 1 + the index of the array it may coincide with exactly (in place), else 0 */
+    int64_t align; /* the alignment bn_check_pointer asks of ptr */
+    int flags;     /* BN_READ or BN_WRITTEN, with BN_OPTIONAL and BN_MAY_EQUAL(i) */
 } bn_array;
+enum { BN_READ = 0, BN_WRITTEN = 1, BN_OPTIONAL = 2 /* NULL means not given */ };
+/* The array may coincide exactly (in place) with array i of the table. */
+#define BN_MAY_EQUAL(i) (((i) + 1) << 4)
+#define BN_MAY_EQUAL_INDEX(flags) (((flags) >> 4) - 1)
 
 /* Checks that no two of the n arrays overlap where one of them is written (a kernel writing an
  * array that another part of it still reads would compute a wrong answer), except an array and the
@@ -97,10 +99,11 @@ bitnet_status bn_cuda_stream_synchronize(void *stream);
 
 /* ---- W2A8 GEMV and ternary / int8 quantization ---- */
 
-/* Shared checks of the ternary ops: M >= 1, K a multiple of 128 up to BN_TERNARY_MAX_K (so that
- * a dot of codes 0..2 with int8 fits in int32), M * K within int64; a float dtype. */
+/* Shared checks of the ternary ops: M >= 1 (the rows, called rows_name in the message: M, or N
+ * tokens), K a multiple of 128 up to BN_TERNARY_MAX_K (so that a dot of codes 0..2 with int8 fits
+ * in int32), M * K within int64; a float dtype. */
 #define BN_TERNARY_MAX_K (1 << 22)
-bitnet_status bn_check_ternary_shape(const char *op, int64_t M, int64_t K);
+bitnet_status bn_check_ternary_shape(const char *op, const char *rows_name, int64_t M, int64_t K);
 bitnet_status bn_check_float_dtype(const char *op, const char *name, int32_t dtype);
 
 enum { BN_ISA_AUTO = 0, BN_ISA_PORTABLE = 1, BN_ISA_AVX2 = 2, BN_ISA_AVX512_VNNI = 3 };

@@ -2,8 +2,8 @@
  * shared with gemv_w2a8.c. The work is in cpu/quantize.c and cuda/quantize.cu. */
 #include "internal.h"
 
-bitnet_status bn_check_ternary_shape(const char *op, int64_t M, int64_t K) {
-    BN_CHECK(M >= 1, "%s: M must be at least 1, got %lld", op, (long long)M);
+bitnet_status bn_check_ternary_shape(const char *op, const char *rows_name, int64_t M, int64_t K) {
+    BN_CHECK(M >= 1, "%s: %s must be at least 1, got %lld", op, rows_name, (long long)M);
     BN_CHECK(K >= 1, "%s: K must be at least 1, got %lld", op, (long long)K);
     if (K % 128 != 0)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: K = %lld is not a multiple of 128", op,
@@ -48,7 +48,7 @@ bitnet_status bitnet_quantize_i2s(int32_t device, const void *w, int32_t w_dtype
     const char *op = "bitnet_quantize_i2s";
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_float_dtype(op, "w_dtype", w_dtype));
-    BN_TRY(bn_check_ternary_shape(op, M, K));
+    BN_TRY(bn_check_ternary_shape(op, "M", M, K));
     BN_TRY(bn_check_size("bitnet_quantize_i2s: w", M * K, bn_dtype_size(w_dtype)));
     BN_TRY(check_segments(row_segments, n_segments, M));
     const bn_array arrays[] = {{"w", w, M * K * bn_dtype_size(w_dtype), 16, BN_READ},
@@ -65,7 +65,7 @@ bitnet_status bitnet_quantize_i2s(int32_t device, const void *w, int32_t w_dtype
 bitnet_status bitnet_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, int64_t K,
                                   uint8_t *w_packed, void *stream) {
     BN_TRY(bn_check_device(device));
-    BN_TRY(bn_check_ternary_shape("bitnet_pack_ternary", M, K));
+    BN_TRY(bn_check_ternary_shape("bitnet_pack_ternary", "M", M, K));
     const bn_array arrays[] = {{"w_q", w_q, M * K, 16, BN_READ},
                                {"w_packed", w_packed, M * K / 4, 16, BN_WRITTEN}};
     BN_CHECK_ARRAYS("bitnet_pack_ternary", device, arrays, BN_NO_OVERLAP);
@@ -77,7 +77,7 @@ bitnet_status bitnet_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, 
 bitnet_status bitnet_unpack_ternary(int32_t device, const uint8_t *w_packed, int64_t M, int64_t K,
                                     int8_t *w_q, void *stream) {
     BN_TRY(bn_check_device(device));
-    BN_TRY(bn_check_ternary_shape("bitnet_unpack_ternary", M, K));
+    BN_TRY(bn_check_ternary_shape("bitnet_unpack_ternary", "M", M, K));
     const bn_array arrays[] = {{"w_packed", w_packed, M * K / 4, 16, BN_READ},
                                {"w_q", w_q, M * K, 16, BN_WRITTEN}};
     BN_CHECK_ARRAYS("bitnet_unpack_ternary", device, arrays, BN_NO_OVERLAP);
@@ -91,7 +91,7 @@ bitnet_status bitnet_quantize_a8(int32_t device, const void *x, int32_t x_dtype,
     const char *op = "bitnet_quantize_a8";
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_float_dtype(op, "x_dtype", x_dtype));
-    BN_TRY(bn_check_ternary_shape(op, N, K));
+    BN_TRY(bn_check_ternary_shape(op, "N", N, K));
     BN_TRY(bn_check_size("bitnet_quantize_a8: x", N * K, bn_dtype_size(x_dtype)));
     const bn_array arrays[] = {{"x", x, N * K * bn_dtype_size(x_dtype), 16, BN_READ},
                                {"x_q", x_q, N * K, 16, BN_WRITTEN},
