@@ -7,7 +7,7 @@ from pathlib import Path
 
 import cffi
 
-from .errors import BY_STATUS, BitNetError, LibraryNotFoundError
+from .errors import BY_STATUS, BitNetError, InvalidArgumentError, LibraryNotFoundError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
@@ -80,5 +80,11 @@ def check(status):
 
 
 def call(name, *args):
-    """Calls bitnet_<name>(*args) and checks its status."""
-    check(getattr(lib(), "bitnet_" + name)(*args))
+    """Calls bitnet_<name>(*args) and checks its status. An argument that cffi cannot convert to
+    its C type (an int past int32_t, say) is an InvalidArgumentError too, and nothing runs."""
+    function = getattr(lib(), "bitnet_" + name)
+    try:
+        status = function(*args)
+    except (OverflowError, TypeError) as exc:
+        raise InvalidArgumentError(f"bitnet_{name}: {exc}") from None
+    check(status)
