@@ -9,8 +9,9 @@
 # The subset runs every op's kernels at small shapes (the whole of tier 3 takes far longer under the
 # sanitizer): each op's valid call from the bad-input matrix, the smoke tests, the paths that guard
 # against out-of-range device-resident lengths, positions and ids, unaligned rows, RMSNorm with more
-# rows than are resident at once (its L2 prefetches of rows ahead), CUDA graphs and
-# DeviceArray, and (memcheck only) eight threads on their own streams. Each tool gets
+# rows than are resident at once (its L2 prefetches of rows ahead) and with eps = 0, decode
+# attention's cluster path at 4, 5 and 6 stages and its split path with the merge kernel, CUDA
+# graphs and DeviceArray, and (memcheck only) eight threads on their own streams. Each tool gets
 # SANITIZE_TIMEOUT seconds (default 120); errors are printed as they are found, so a run cut short
 # by the timeout still reports what it saw. Exit status: 0 when every tool ran clean.
 set -u
@@ -30,10 +31,15 @@ SUBSET=(
     tests/test_attention.py::test_gpu_ragged_matches_cpu_and_reference
     tests/test_attention.py::test_gpu_device_seq_lens_out_of_range_give_nan_for_that_sequence_only
     tests/test_attention.py::test_gpu_device_array_and_cuda_graph_replay
+    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case3-bfloat16]"
+    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case12-bfloat16]"
+    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case13-float16]"
+    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case14-bfloat16]"
     tests/test_layer_glue.py::test_gpu_smoke_relu2_gate
     tests/test_layer_glue.py::test_gpu_rope_device_positions_out_of_range_are_skipped
     tests/test_rmsnorm.py::test_gpu_smoke
     tests/test_rmsnorm.py::test_gpu_unaligned_rows_take_the_scalar_path
+    tests/test_rmsnorm.py::test_zero_row_with_eps_0_is_nan_and_leaves_the_other_rows
     "tests/test_rmsnorm.py::test_gpu_matches_reference_and_cpu[4096-2560-quant-bfloat16]"
     "tests/test_rmsnorm.py::test_gpu_matches_reference_and_cpu[4096-2560-add_quant_y-bfloat16]"
     "tests/test_rmsnorm.py::test_gpu_matches_reference_and_cpu[20000-256-quant-float16]"
