@@ -80,11 +80,12 @@ def check(status):
 
 
 def call(name, *args):
-    """Calls bitnet_<name>(*args) and checks its status. An argument that cffi cannot convert to
-    its C type (an int past int32_t, say) is an InvalidArgumentError too, and nothing runs."""
+    """Calls bitnet_<name>(*args) and checks its status. A number that does not fit its C type (an
+    int past int32_t, say) is an InvalidArgumentError too, and nothing runs. (The callers convert
+    every argument first, so a TypeError here would be a bug of ours, and is left as it is.)"""
     function = getattr(lib(), "bitnet_" + name)
     try:
         status = function(*args)
-    except (OverflowError, TypeError) as exc:
+    except OverflowError as exc:
         raise InvalidArgumentError(f"bitnet_{name}: {exc}") from None
     check(status)
