@@ -39,7 +39,8 @@ def device_name(device):
 
 class Array:
     """A dense array the library can read or write: `obj` is the caller's object, `kind` one of
-    numpy, torch, cupy, cai (another __cuda_array_interface__ exporter) or bitnet (DeviceArray)."""
+    numpy, torch, cupy, cai (another __cuda_array_interface__ exporter) or bitnet (DeviceArray),
+    `ptr` its address (an int, or for numpy a cffi view of its buffer: anything ffi.cast takes)."""
 
     __slots__ = ("obj", "kind", "ptr", "shape", "dtype", "device", "cai_stream")
 
@@ -80,7 +81,8 @@ def as_array(obj, name):
         if not obj.flags.c_contiguous:
             raise InvalidArgumentError(f"{name}: the array is not C-contiguous (strides "
                                        f"{obj.strides}); pass np.ascontiguousarray({name})")
-        return Array(obj, "numpy", obj.ctypes.data, obj.shape, dtype, CPU)
+        # A cffi buffer view as the pointer: 0.4 us, where obj.ctypes.data takes 1.9.
+        return Array(obj, "numpy", _ffi.ffi.from_buffer(obj), obj.shape, dtype, CPU)
     if type(obj).__module__.split(".")[0] == "torch":
         return _torch_array(obj, name)
     interface = getattr(obj, "__cuda_array_interface__", None)
