@@ -2,7 +2,8 @@
  * codes = W_q + 1 (docs/weight_format.md: (word >> 2i) & 0x03030303 is the codes of 4 consecutive
  * weights). The weights are streamed from HBM exactly once per launch.
  * - 1 token, dp4a: x is staged in shared memory (16-byte pieces swizzled so that the reads are
- *   conflict-free), its sum found on the way. A warp owns 4 rows, 8 lanes per row; a lane loads 10
+ *   conflict-free), its sum found on the way; for rows of more than 2 steps, the second step is
+ *   prefetched into L2 meanwhile. A warp owns 4 rows, 8 lanes per row; a lane loads 10
  *   16-byte chunks of its row at a time and prefetches the next 10 while it computes (10 takes
  *   K = 5120 in one step; on an H100 it beat 8 and 12 at the one-token anchor shapes).
  * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K (5
@@ -16,8 +17,8 @@
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
- * cold (bench_gemv.py): 55296x5120 24.2 us = 2937 GB/s (94% of read BW), 5120x27648 13.8-14.1 us
- * (81-83%), 2560x2560 1.83 us; 8 tokens: 13824x2560 6.4 us, 2560x2560 2.75 us. */
+ * cold (bench_gemv.py): 55296x5120 24.2 us = 2937 GB/s (94% of read BW), 5120x27648 13.3-13.4 us
+ * (85%), 2560x2560 1.83 us; 8 tokens: 13824x2560 6.4 us, 2560x2560 2.75 us. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -35,6 +36,7 @@ constexpr int kLanesPerRow = 8;
 constexpr int kRowsPerWarp = 32 / kLanesPerRow;
 constexpr int kChunksPerLane = 10;
 constexpr int kOneTokenBlocksPerSm = 2;
+constexpr int kPrefetchSteps = 1; /* for rows of more than 2 steps: see gemv_one_token */
 
 /* mma kernel, up to 16 tokens */
 constexpr int kRowsPerBlock = 16;
@@ -103,6 +105,9 @@ __device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot, 
     else static_cast<__nv_bfloat16 *>(a.y)[index] = __float2bfloat16_rn(value);
 }
 
+/* PREFETCH: how many steps after the first the kernel requests into L2 while it stages x (see
+ * below); 0 for rows of at most 2 steps. */
+template <int PREFETCH>
 __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     extern __shared__ int4 shared[];
     int8_t *x_tile = reinterpret_cast<int8_t *>(shared);
@@ -127,6 +132,18 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
         }
     };
 
+    /* L2 prefetches of this lane's chunks of one step: requests in flight that hold no registers. */
+    auto prefetch = [&](int tile_, int iteration) {
+        int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
+#pragma unroll
+        for (int u = 0; u < kChunksPerLane; u++) {
+            int chunk = (iteration * kChunksPerLane + u) * kLanesPerRow + sub;
+            if (row < a.M && chunk < chunks_per_row)
+                asm volatile("prefetch.global.L2 [%0];"
+                             ::"l"(a.w + static_cast<int64_t>(row) * chunks_per_row + chunk));
+        }
+    };
+
     auto row_scale = [&](int tile_) {
         int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
         return tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
@@ -138,6 +155,13 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     float w_scale = row_scale(tile);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
+    /* Long rows: staging x (K bytes per block) keeps the loop from issuing the second step's loads,
+     * so HBM would idle for this SM meanwhile; an L2 prefetch of that step fills the gap (H100,
+     * 5120x27648: 14.05-14.14 -> 13.27-13.41 us; two steps: 13.64-13.75; before the PDL wait: no
+     * gain). Rows of at most 2 steps take PREFETCH = 0, the code of before (prefetching there:
+     * 2560x6912 3.27-3.31 -> 3.32-3.36 us). */
+    for (int step = 1; step <= PREFETCH && step < iterations && tile < tiles; step++)
+        prefetch(tile, step);
     const float x_scale = a.x_scales[0];
     int x_sum = stage_x(a, x_tile);
     for (int offset = 16; offset > 0; offset /= 2) x_sum += __shfl_xor_sync(~0u, x_sum, offset);
@@ -392,7 +416,9 @@ bitnet_status plan_tokens(int sms, int nt, int64_t M, int64_t K, TokensLaunch *o
          * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
         out->work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
         const int per_sm = out->work_blocks <= (int64_t)sms * kWarps ? 1 : kOneTokenBlocksPerSm;
-        return plan(sms, gemv_one_token, kThreads, per_sm, bytes, &out->launch);
+        const bool long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
+        return plan(sms, long_rows ? gemv_one_token<kPrefetchSteps> : gemv_one_token<0>, kThreads,
+                    per_sm, bytes, &out->launch);
     }
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
     if (nt == 8) return plan_mma8(sms, K, out->work_blocks, &out->launch);
