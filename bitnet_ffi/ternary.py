@@ -109,8 +109,8 @@ def quantize_i2s(w, row_segments=None, stream=None):
     Parameters
     ----------
     w : float32, float16 or bfloat16 array [M, K], K a multiple of 128
-    row_segments : optional sequence of row counts summing to M (e.g. the Q, K, V blocks of a
-        fused projection), each quantized with its own scale
+    row_segments : optional sequence of positive integer row counts summing to M (e.g. the Q, K,
+        V blocks of a fused projection), each quantized with its own scale
     stream : optional CUDA stream (default: the framework's current stream)
 
     Returns
