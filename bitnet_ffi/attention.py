@@ -80,7 +80,11 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
 
 
 def attention_workspace_size(device, B, Sq, Hq, Hkv, D, C):
-    """Bytes of split-KV workspace ``attention`` needs for these sizes on ``device`` (-1: CPU)."""
+    """Bytes of split-KV workspace ``attention`` needs for these sizes on ``device``: a CUDA
+    device index (-1: the CPU) or a name, "cpu", "cuda" or "cuda:N"."""
+    if isinstance(device, str):
+        from .device import resolve
+        device = resolve(device)
     nbytes = _ffi.ffi.new("int64_t *")
     _ffi.call("attention_workspace_size", int(device), B, Sq, Hq, Hkv, D, C, nbytes)
     return nbytes[0]

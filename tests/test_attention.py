@@ -197,6 +197,7 @@ def test_cpu_bad_input_in_python(rng):
 @pytest.mark.cpu
 def test_cpu_workspace_size_is_zero():
     assert bitnet_ffi.attention_workspace_size(-1, 1, 1, 20, 5, 128, 4096) == 0
+    assert bitnet_ffi.attention_workspace_size("cpu", 1, 1, 20, 5, 128, 4096) == 0
 
 
 # ---- tiers 2 and 3: CUDA ----
@@ -379,7 +380,7 @@ def test_gpu_bad_input(rng):
     q, k, v = torch_inputs(rng, "bfloat16", 1, 1, 20, 5, 128, 4096)
     out = torch.full_like(q, float("nan"))
     need = bitnet_ffi.attention_workspace_size(0, 1, 1, 20, 5, 128, 4096)
-    assert need > 0
+    assert need > 0 and bitnet_ffi.attention_workspace_size("cuda:0", 1, 1, 20, 5, 128, 4096) == need
     ws = torch.empty(need, dtype=torch.uint8, device="cuda")
     assert raw_attention(0, "bfloat16", q, k, v, out, workspace=ws, workspace_bytes=need - 1) \
         == lib.BITNET_ERR_INVALID_ARGUMENT and "workspace" in _ffi.last_error()
