@@ -13,8 +13,8 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const fl
     BN_CHECK(N >= 1, "%s: N must be at least 1, got %lld", op, (long long)N);
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: x_q", N, K));
     BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N, M));
-    BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N * M, bn_dtype_size(y_dtype)));
     const int64_t y_size = bn_dtype_size(y_dtype);
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8: y", N * M, y_size));
     const bn_array arrays[] = {{"w_packed", w_packed, M * K / 4, 16, BN_READ},
                                {"w_scales", w_scales, M * 4, 4, BN_READ},
                                {"x_q", x_q, N * K, 16, BN_READ},

@@ -49,9 +49,10 @@ bitnet_status bitnet_quantize_i2s(int32_t device, const void *w, int32_t w_dtype
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_float_dtype(op, "w_dtype", w_dtype));
     BN_TRY(bn_check_ternary_shape(op, "M", M, K));
-    BN_TRY(bn_check_size("bitnet_quantize_i2s: w", M * K, bn_dtype_size(w_dtype)));
+    const int64_t w_size = bn_dtype_size(w_dtype);
+    BN_TRY(bn_check_size("bitnet_quantize_i2s: w", M * K, w_size));
     BN_TRY(check_segments(row_segments, n_segments, M));
-    const bn_array arrays[] = {{"w", w, M * K * bn_dtype_size(w_dtype), 16, BN_READ},
+    const bn_array arrays[] = {{"w", w, M * K * w_size, 16, BN_READ},
                                {"w_packed", w_packed, M * K / 4, 16, BN_WRITTEN},
                                {"w_scales", w_scales, M * 4, 4, BN_WRITTEN}};
     BN_CHECK_ARRAYS(op, device, arrays, BN_NO_OVERLAP);
@@ -92,8 +93,9 @@ bitnet_status bitnet_quantize_a8(int32_t device, const void *x, int32_t x_dtype,
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_float_dtype(op, "x_dtype", x_dtype));
     BN_TRY(bn_check_ternary_shape(op, "N", N, K));
-    BN_TRY(bn_check_size("bitnet_quantize_a8: x", N * K, bn_dtype_size(x_dtype)));
-    const bn_array arrays[] = {{"x", x, N * K * bn_dtype_size(x_dtype), 16, BN_READ},
+    const int64_t x_size = bn_dtype_size(x_dtype);
+    BN_TRY(bn_check_size("bitnet_quantize_a8: x", N * K, x_size));
+    const bn_array arrays[] = {{"x", x, N * K * x_size, 16, BN_READ},
                                {"x_q", x_q, N * K, 16, BN_WRITTEN},
                                {"x_scales", x_scales, N * 4, 4, BN_WRITTEN}};
     BN_CHECK_ARRAYS(op, device, arrays, BN_NO_OVERLAP);

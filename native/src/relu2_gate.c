@@ -11,10 +11,10 @@ bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_
     BN_CHECK(T > 0 && F > 0, "%s: T and F must be positive, got %lld and %lld", fn, (long long)T,
              (long long)F);
     BN_CHECK(F <= INT32_MAX && T <= INT64_MAX / (2 * F), "%s: T * 2F overflows", fn);
-    BN_TRY(bn_check_size(fn, 2 * T * F, bn_dtype_size(dtype)));
-    int64_t align = bn_dtype_size(dtype);
-    const bn_array arrays[] = {{"gate_up", gate_up, 2 * T * F * align, align, BN_READ},
-                               {"out", out, T * F * align, align, BN_WRITTEN}};
+    const int64_t size = bn_dtype_size(dtype); /* also the arrays' alignment */
+    BN_TRY(bn_check_size(fn, 2 * T * F, size));
+    const bn_array arrays[] = {{"gate_up", gate_up, 2 * T * F * size, size, BN_READ},
+                               {"out", out, T * F * size, size, BN_WRITTEN}};
     BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
     return on_gpu ? BN_CUDA(bn_cuda_relu2_gate(device, dtype, T, F, gate_up, out, stream))
                   : bn_cpu_relu2_gate(dtype, T, F, gate_up, out);

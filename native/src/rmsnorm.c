@@ -43,7 +43,8 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
     const bn_array arrays[] = {{in_name, in, T * in_cols * size, size, BN_READ},
                                {"weight", weight, H * size, size, BN_READ},
                                {"residual", residual, bytes, size, BN_WRITTEN | BN_OPTIONAL},
-                               {"y", y, bytes, size, BN_WRITTEN | BN_OPTIONAL | (op->gated ? 0 : BN_MAY_EQUAL(0))},
+                               {"y", y, bytes, size,
+                                BN_WRITTEN | BN_OPTIONAL | (op->gated ? 0 : BN_MAY_EQUAL(0))},
                                {"y_q", y_q, T * H, 1, BN_WRITTEN | BN_OPTIONAL},
                                {"y_scales", y_scales, T * 4, 4, BN_WRITTEN | BN_OPTIONAL}};
     return bn_check_arrays(fn, device, arrays, BN_COUNT(arrays),

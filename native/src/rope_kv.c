@@ -26,16 +26,16 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
              (long long)C);
     BN_CHECK(isfinite(theta) && theta > 1.0f, "%s: theta must be finite and > 1, got %g", fn,
              (double)theta);
-    int64_t align = bn_dtype_size(dtype);
+    const int64_t size = bn_dtype_size(dtype); /* also the arrays' alignment */
     const int64_t q_count = B * S * Hq * D, cache_count = B * C * Hkv * D; /* fit: checked above */
-    BN_TRY(bn_check_size("bitnet_rope_append_kv: q", q_count, align));
-    BN_TRY(bn_check_size("bitnet_rope_append_kv: k_cache", cache_count, align)); /* k: S <= C */
-    const int64_t new_kv = B * S * Hkv * D * align, cache = cache_count * align;
-    const bn_array arrays[] = {{"q", q, q_count * align, align, BN_WRITTEN},
-                               {"k", k, new_kv, align, BN_READ},
-                               {"v", v, new_kv, align, BN_READ},
-                               {"k_cache", k_cache, cache, align, BN_WRITTEN},
-                               {"v_cache", v_cache, cache, align, BN_WRITTEN},
+    BN_TRY(bn_check_size("bitnet_rope_append_kv: q", q_count, size));
+    BN_TRY(bn_check_size("bitnet_rope_append_kv: k_cache", cache_count, size)); /* k: S <= C */
+    const int64_t new_kv = B * S * Hkv * D * size, cache = cache_count * size;
+    const bn_array arrays[] = {{"q", q, q_count * size, size, BN_WRITTEN},
+                               {"k", k, new_kv, size, BN_READ},
+                               {"v", v, new_kv, size, BN_READ},
+                               {"k_cache", k_cache, cache, size, BN_WRITTEN},
+                               {"v_cache", v_cache, cache, size, BN_WRITTEN},
                                {"positions", positions, B * 4, 4, BN_READ}};
     BN_CHECK_ARRAYS(fn, device, arrays,
                     "q is rotated in place; no other array may overlap a written one");
