@@ -121,11 +121,15 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     const int warp_stride = gridDim.x * kWarps;
     int tile = (threadIdx.x / 32) * gridDim.x + blockIdx.x;
 
+    /* This lane's row of a tile, and its chunk u of a step of that row. */
+    auto lane_row = [&](int tile_) { return tile_ * kRowsPerWarp + lane / kLanesPerRow; };
+    auto lane_chunk = [&](int iteration, int u) { return (iteration * kChunksPerLane + u) * kLanesPerRow + sub; };
+
     auto load = [&](uint4 (&w)[kChunksPerLane], int tile_, int iteration) {
-        int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
+        int row = lane_row(tile_);
 #pragma unroll
         for (int u = 0; u < kChunksPerLane; u++) {
-            int chunk = (iteration * kChunksPerLane + u) * kLanesPerRow + sub;
+            int chunk = lane_chunk(iteration, u);
             w[u] = row < a.M && chunk < chunks_per_row
                        ? __ldcs(a.w + static_cast<int64_t>(row) * chunks_per_row + chunk)
                        : make_uint4(0, 0, 0, 0);
@@ -134,10 +138,10 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 
     /* L2 prefetches of this lane's chunks of one step: requests in flight that hold no registers. */
     auto prefetch = [&](int tile_, int iteration) {
-        int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
+        int row = lane_row(tile_);
 #pragma unroll
         for (int u = 0; u < kChunksPerLane; u++) {
-            int chunk = (iteration * kChunksPerLane + u) * kLanesPerRow + sub;
+            int chunk = lane_chunk(iteration, u);
             if (row < a.M && chunk < chunks_per_row)
                 asm volatile("prefetch.global.L2 [%0];"
                              ::"l"(a.w + static_cast<int64_t>(row) * chunks_per_row + chunk));
@@ -145,7 +149,7 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     };
 
     auto row_scale = [&](int tile_) {
-        int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
+        int row = lane_row(tile_);
         return tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
     };
 
@@ -181,7 +185,7 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
             if (next_tile < tiles) load(next, next_tile, iteration + 1 < iterations ? iteration + 1 : 0);
 #pragma unroll
             for (int u = 0; u < kChunksPerLane; u++) {
-                int chunk = (iteration * kChunksPerLane + u) * kLanesPerRow + sub;
+                int chunk = lane_chunk(iteration, u);
                 if (chunk >= chunks_per_row) break;
                 const uint32_t words[4] = {w[u].x, w[u].y, w[u].z, w[u].w};
 #pragma unroll
@@ -199,7 +203,7 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
         }
         int dot = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
-        int row = tile * kRowsPerWarp + lane / kLanesPerRow;
+        int row = lane_row(tile);
         if (sub == 0 && row < a.M) store(a, 0, row, dot - x_sum, w_scale, x_scale);
         w_scale = next_w_scale;
     }
