@@ -8,7 +8,7 @@
  * would fill fewer than 2 blocks per SM (short prompts) take 64-row tiles, 16 rows per warp.
  * Diagonal tiles are scanned for inf and NaN values at hidden keys (see attend_row).
  * FLOPs (causal): 2 L^2 D H.
- * H100, bf16, 20/5 heads, d = 128: 138 TFLOP/s at L = 1024 (64-row tiles), 254 at 4096, 291 at
+ * H100, bf16, 20/5 heads, d = 128: 165 TFLOP/s at L = 1024 (64-row tiles), 306 at 4096, 353 at
  * 16384 (docs/attention.md). */
 #include "attention_common.cuh"
 
@@ -30,17 +30,26 @@ struct PrefillShared {
 };
 
 /* Rows [row0, row0 + ROWS) of a [*, stride]-strided matrix into shared memory, rows >= `rows_end`
- * zero-filled. */
+ * zero-filled. Thread i copies chunks i, i + kThreads, ... of the tile. As kThreads is a multiple
+ * of the chunks per row, that is one chunk column: every (kThreads / chunks)-th row from row
+ * i / chunks, all with the same swizzle, so the offset is computed once and stepped by a constant
+ * (H100, bf16, 20/5 heads, causal: L = 4096 283 us instead of 328 with row and chunk computed per
+ * copy, L = 1024 34 instead of 39; BENCHMARKS.md). */
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int64_t stride,
                                           int row0, int rows_end) {
-    constexpr int kChunks = D / 8;
+    constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
+    static_assert(kThreads % kChunks == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0,
+                  "whole passes over whole rows, each row of a thread with the same swizzle");
+    const int first = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+    const int column = swizzle(first, chunk);
+    const int64_t offset = (int64_t)(row0 + first) * stride + chunk * 8;
 #pragma unroll
-    for (int i = threadIdx.x; i < ROWS * kChunks; i += kThreads) {
-        int row = i / kChunks, chunk = i % kChunks;
-        bool inside = row0 + row < rows_end;
-        cp_async_16(&dst[row][swizzle(row, chunk)],
-                    src + (inside ? (int64_t)(row0 + row) * stride + chunk * 8 : 0), inside);
+    for (int pass = 0; pass < ROWS / kRowsPerPass; pass++) {
+        const int row = first + pass * kRowsPerPass;
+        const bool inside = row0 + row < rows_end;
+        cp_async_16(&dst[row][column], src + (inside ? offset + (int64_t)pass * kRowsPerPass * stride : 0),
+                    inside);
     }
 }
 
