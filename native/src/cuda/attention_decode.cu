@@ -98,7 +98,9 @@ struct DecodeCombine { /* overlays DecodeShared::k and ::v */
 };
 
 /* Copies keys [key0, key0 + kTileKeys) of one KV head into a stage; rows at or past `keys_end`
- * become zeros (nothing is read there). */
+ * become zeros (nothing is read there). Prefill's load_rows copies the same chunks with the offset
+ * computed once per thread; here that was faster up to L = 4096 but 6% slower at B = 1,
+ * L = 32768 on an H100 (BENCHMARKS.md, 2026-11-24), so this loader stays as it is for now. */
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[D / 8], const T *k,
                                           const T *v, int64_t stride, int key0, int keys_end) {
