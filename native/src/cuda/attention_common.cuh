@@ -170,9 +170,9 @@ __device__ __forceinline__ bool copied_chunks_nonfinite(const uint4 (*tile)[D / 
 /* The P V mma adds 0 * v for a key the causal mask hides from a row, which is NaN where v is inf or
  * NaN. A block whose tiles hold such a value at a hidden key redoes its rows with this instead
  * (slow; rare): one query row against keys [key_begin, key_end) of one KV head (row stride
- * `stride`), all visible, in scalar code on one warp. Lane i gets columns [i D / 32, (i + 1) D / 32)
- * of the unnormalized output o, and every lane the row's max m (log2 domain, as the mma loops keep
- * it) and sum l. */
+ * `stride`), all visible, in scalar code on one warp, added to the running unnormalized output o,
+ * max m (log2 domain, as the mma loops keep it) and sum l; start from o = 0, m = -inf, l = 0.
+ * Lane i holds columns [i D / 32, (i + 1) D / 32) of o, and every lane m and l. */
 template <typename T, int D>
 __device__ void attend_row(const T *q_row, const T *k, const T *v, int64_t stride, int key_begin,
                            int key_end, float scale_log2, float (&o)[D / 32], float &m, float &l) {
@@ -180,9 +180,6 @@ __device__ void attend_row(const T *q_row, const T *k, const T *v, int64_t strid
     const int lane = threadIdx.x % 32;
     float qf[kCols], kf[kCols], vf[kCols];
     unpack_dims<T, kCols>(q_row, lane, qf);
-#pragma unroll
-    for (int i = 0; i < kCols; i++) o[i] = 0.0f;
-    m = -INFINITY, l = 0.0f;
     for (int key = key_begin; key < key_end; key++) {
         unpack_dims<T, kCols>(k + key * stride, lane, kf);
         unpack_dims<T, kCols>(v + key * stride, lane, vf);

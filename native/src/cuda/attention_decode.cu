@@ -1,9 +1,9 @@
 /* Decode attention over a KV cache, split-KV: out = softmax(q.k^T * scale + causal mask) v, float32
  * online softmax. Layout q/out [B, Sq, Hq, D], k/v [B, C, Hkv, D] (bf16/f16, D = 64 or 128).
  * Grid (split, KV head x block of 16 query rows, sequence): the rows are one KV head's query heads x
- * new tokens, so each K/V byte is read once per 16 rows. A block of 4 warps streams its share of
- * the keys through shared memory (cp.async, 64-key tiles); each warp does q.k and p.v for 16 keys
- * of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
+ * new tokens, so each K/V byte is read once per 16 rows. A block of 4 warps streams every
+ * num_splits-th 64-key tile through shared memory (cp.async); each warp does q.k and p.v for 16
+ * keys of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
  * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
  *   block per SM with 4 to 6 tiles in flight; each pushes its partial into the shared memory of the
  *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
@@ -13,7 +13,7 @@
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
  * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.1
- * us (L = 1024), 7.1-7.2 us (4096), 85% of read bandwidth (32768); B = 8, L = 32768 at 93%
+ * us (L = 1024), 6.6-6.8 us (4096), 85-86% of read bandwidth (32768); B = 8, L = 32768 at 93%
  * (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -238,22 +238,24 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits,
 #endif
 }
 
-/* See attend_row: warp w's slots of the block's combine redone over quarter w of its keys
- * [key_begin, key_end) (out of line, so that its registers stay out of the key loop's). */
+/* See attend_row: warp w's slots of the block's combine redone over every 4th of its tiles, from
+ * its w-th on (tiles first_tile + i * tile_step, i < tile_count; see split_tiles in decode_kernel).
+ * Out of line, so that its registers stay out of the key loop's. */
 template <typename T, int D, typename OutRow>
 __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T *v_head, int64_t stride,
                                             DecodeCombine<D> &combine, int rows, int row0, int group,
-                                            int Sq, int L, int causal, int key_begin, int key_end,
-                                            float scale_log2, OutRow out_row) {
+                                            int Sq, int L, int causal, int first_tile, int tile_step,
+                                            int tile_count, float scale_log2, OutRow out_row) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int warp_keys = (key_end - key_begin + kWarps - 1) / kWarps;
-    const int warp_begin = key_begin + warp * warp_keys;
     for (int r = 0; r < rows; r++) {
-        const int last_key = causal ? L - Sq + (row0 + r) / group : L - 1;
-        float o_row[D / 32];
-        attend_row<T, D>(q + out_row(r) * D, k_head, v_head, stride, warp_begin,
-                         min(min(key_end, warp_begin + warp_keys), last_key + 1), scale_log2, o_row,
-                         combine.m[warp][r], combine.l[warp][r]);
+        const int keys_end = causal ? L - Sq + (row0 + r) / group + 1 : L;
+        float o_row[D / 32] = {}, m = -INFINITY, l = 0.0f;
+        for (int i = warp; i < tile_count; i += kWarps) {
+            const int key0 = (first_tile + i * tile_step) * kTileKeys;
+            attend_row<T, D>(q + out_row(r) * D, k_head, v_head, stride, key0,
+                             min(keys_end, key0 + kTileKeys), scale_log2, o_row, m, l);
+        }
+        combine.m[warp][r] = m, combine.l[warp][r] = l;
 #pragma unroll
         for (int i = 0; i < D / 32; i++) combine.o[warp][r][lane * (D / 32) + i] = o_row[i];
     }
@@ -281,14 +283,15 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     const int64_t stride = (int64_t)Hkv * D;
     const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
-    /* This block's keys: a contiguous share of the 64-key tiles below L. */
-    int tile_begin, tile_end;
+    /* This block's keys: every num_splits-th 64-key tile below L, from tile `split` on, so that the
+     * splits read neighbouring tiles at the same time. Contiguous shares per split were slower
+     * (H100, B = 1: L = 4096 7.09 -> 6.62 us; B = 8, L = 4096 36.6-37.5 -> 35.8-36.3). */
+    int tile_count;
     auto split_tiles = [&](int keys) {
         const int tiles = (keys + kTileKeys - 1) / kTileKeys;
-        const int tiles_per_split = (tiles + num_splits - 1) / num_splits;
-        tile_begin = split * tiles_per_split;
-        tile_end = min(tiles, tile_begin + tiles_per_split);
+        tile_count = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
     };
+    auto tile_at = [&](int i) { return split + i * num_splits; };
     const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
     const int rows = min(kRows, Sq * group - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
@@ -296,9 +299,10 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
      * and made the batch-8 demo's attention twice as slow.) */
     if (seq_lens == nullptr) {
         split_tiles(C);
-        prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_begin * kTileKeys,
-                               min(C, min(tile_end, tile_begin + prefetch_tiles<CLUSTER, STAGES>(tile_end - tile_begin))
-                                          * kTileKeys));
+        const int n = min(tile_count, prefetch_tiles<CLUSTER, STAGES>(tile_count));
+        for (int i = 0; i < n; i++)
+            prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_at(i) * kTileKeys,
+                                   min(C, (tile_at(i) + 1) * kTileKeys));
     }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -317,8 +321,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
 
     /* One cp.async group per tile; the first also brings q. */
     for (int i = 0; i < kStageCount - 1; i++) {
-        if (tile_begin + i < tile_end)
-            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, (tile_begin + i) * kTileKeys, L);
+        if (i < tile_count)
+            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
         for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
             int r = j / kChunks, chunk = j % kChunks;
             cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
@@ -344,20 +348,20 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     uint32_t qf[D / 16][4];
     float o[kDimTiles][4] = {};
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-    for (int tile = tile_begin; tile < tile_end; tile++) {
-        const int stage = (tile - tile_begin) % kStageCount;
-        const int ahead = tile + kStageCount - 1; /* into the stage that the last iteration freed */
-        if (ahead < tile_end) {
-            const int ahead_stage = (ahead - tile_begin) % kStageCount;
+    for (int i = 0; i < tile_count; i++) {
+        const int tile = tile_at(i), stage = i % kStageCount;
+        const int ahead = i + kStageCount - 1; /* into the stage that the last iteration freed */
+        if (ahead < tile_count) {
+            const int ahead_stage = ahead % kStageCount;
             load_tile<T, D>(sm.k[ahead_stage], sm.v[ahead_stage], k_head, v_head, stride,
-                            ahead * kTileKeys, L);
+                            tile_at(ahead) * kTileKeys, L);
         }
         /* The cluster path lets the next kernel launch once this block has issued its last load,
          * so that its blocks start on the free SMs and prefetch while this one finishes (H100, B =
          * 1: L = 4096 8.0 -> 7.5 us, 32768 34.5 -> 33.4). Where the prologue issued every tile,
          * that waits for the end of the key loop: launching at the kernel's start was slower at
          * L = 1024 (4.3 -> 4.45-4.5 us). */
-        if (CLUSTER && ahead == tile_end) bn_pdl_launch_dependents();
+        if (CLUSTER && ahead == tile_count) bn_pdl_launch_dependents();
         cp_async_commit();
         cp_async_wait<kStageCount - 1>();
         if (first_row_last_key < L - 1 && (tile + 1) * kTileKeys - 1 > first_row_last_key)
@@ -365,7 +369,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
                 copied_chunks_nonfinite<T, D, kTileKeys, kThreads>(sm.v[stage]));
         else
             __syncthreads();
-        if (tile == tile_begin) {
+        if (i == 0) {
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
                 int row = lane % 8 + 8 * (lane / 8 % 2);
@@ -419,7 +423,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     }
     cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the tiles before they hold partial results */
-    if (!CLUSTER || tile_end - tile_begin < kStageCount - 1) bn_pdl_launch_dependents(); /* see above */
+    if (!CLUSTER || tile_count < kStageCount - 1) bn_pdl_launch_dependents(); /* see above */
 
     /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory (rows 8-15
      * only where they are not all padding). */
@@ -440,7 +444,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     if (hidden_nonfinite_v) {
         __syncwarp(); /* after the lanes' writes above */
         redo_warp_rows<T, D>(q, k_head, v_head, stride, combine, rows, row0, group, Sq, L, causal,
-                             tile_begin * kTileKeys, min(L, tile_end * kTileKeys), scale_log2, out_row);
+                             split, num_splits, tile_count, scale_log2, out_row);
     }
     __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

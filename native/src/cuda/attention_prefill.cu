@@ -61,7 +61,7 @@ __device__ __noinline__ void redo_rows(const T *q_base, const T *k_base, const T
                                        int offset, float scale_log2, T *out_base) {
     const int lane = threadIdx.x % 32;
     for (int row = row_begin; row < row_end; row++) {
-        float o_row[D / 32], m, l;
+        float o_row[D / 32] = {}, m = -INFINITY, l = 0.0f;
         attend_row<T, D>(q_base + row * q_stride, k_base, v_base, kv_stride, 0,
                          min(keys, offset + row + 1), scale_log2, o_row, m, l);
 #pragma unroll
