@@ -13,8 +13,8 @@
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
  * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 4.1
- * us (L = 1024), 6.6-6.8 us (4096), 85-86% of read bandwidth (32768); B = 8, L = 32768 at 93%
- * (docs/attention.md). */
+ * us (L = 1024), 6.6-6.9 us (4096), 82-86% of read bandwidth (32768, by machine); B = 8, L = 32768
+ * at 94% (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -284,8 +284,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
     /* This block's keys: every num_splits-th 64-key tile below L, from tile `split` on, so that the
-     * splits read neighbouring tiles at the same time. Contiguous shares per split were slower
-     * (H100, B = 1: L = 4096 7.09 -> 6.62 us; B = 8, L = 4096 36.6-37.5 -> 35.8-36.3). */
+     * splits of all heads read neighbouring tiles at the same time. Contiguous shares per split were
+     * slower (H100, three A/B runs: B = 1, L = 4096 7.09-7.25 -> 6.61-6.91 us; batch 8 1-2%). */
     int tile_count;
     auto split_tiles = [&](int keys) {
         const int tiles = (keys + kTileKeys - 1) / kTileKeys;
