@@ -380,12 +380,16 @@ def largest_finite(a):
 
 
 # (B, Sq, Hq, Hkv, D, C, seq_lens), each through one GPU path: the decode kernel with one split, in a
-# cluster, and with the merge kernel (64 groups); the prefill kernel with 64-row and 128-row blocks
-# (the last on the GPU only: it is large for a CPU test).
+# cluster, and with the merge kernel (64 groups), the last two also with several tiles per split
+# (a split takes every n-th tile, and so does the redo that a hidden non-finite value triggers);
+# the prefill kernel with 64-row and 128-row blocks (the last on the GPU only: it is large for a
+# CPU test).
 HIDDEN_KEY_CASES = [
     ((1, 2, 1, 1, 64, 3, None), "decode", BACKENDS),
     ((1, 4, 20, 5, 128, 1000, None), "decode-cluster", BACKENDS),
+    ((1, 4, 20, 5, 128, 8000, None), "decode-cluster-long", BACKENDS),
     ((4, 3, 16, 16, 64, 200, [200, 77, 3, 130]), "decode-merge", BACKENDS),
+    ((4, 3, 16, 16, 64, 2000, [2000, 777, 3, 1300]), "decode-merge-long", BACKENDS),
     ((2, 150, 4, 2, 128, 300, [300, 151]), "prefill", BACKENDS),
     ((1, 1100, 32, 8, 64, 1100, None), "prefill-wide", BACKENDS[1:]),
 ]
