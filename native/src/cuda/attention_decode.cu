@@ -98,9 +98,10 @@ struct DecodeCombine { /* overlays DecodeShared::k and ::v */
 };
 
 /* Copies keys [key0, key0 + kTileKeys) of one KV head into a stage; rows at or past `keys_end`
- * become zeros (nothing is read there). Prefill's load_rows copies the same chunks with the offset
- * computed once per thread; here that was faster up to L = 4096 but 6% slower at B = 1,
- * L = 32768 on an H100 (BENCHMARKS.md, 2026-11-24), so this loader stays as it is for now. */
+ * become zeros (nothing is read there). Prefill's load_rows issues the same copies in the same
+ * order with the offset computed once per thread. Here that was slower on the cluster path (H100,
+ * B = 1, strided splits: L = 4096 6.69-6.78 -> 6.90-6.95 us, 32768 31.1-31.4 -> 33.8-33.9) and
+ * 1-2% faster at batch 8 (BENCHMARKS.md, 2026-11-24); why is not known. */
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[D / 8], const T *k,
                                           const T *v, int64_t stride, int key0, int keys_end) {
