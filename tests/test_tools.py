@@ -1,5 +1,6 @@
 """The tools keep working: tools/gpu_sanitize.sh names test functions (one stale name makes pytest
-collect nothing, so the sanitizer would check nothing), and tools/bench_host.py runs on the CPU."""
+collect nothing, so the sanitizer would check nothing), tools/bench_host.py runs on the CPU, and
+tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's."""
 import re
 import subprocess
 import sys
@@ -39,3 +40,23 @@ def test_bench_host_compares_with_a_baseline_package_on_the_cpu():
     for row in rows:
         cells = [cell.strip() for cell in row.strip("| ").split("|")][1:]
         assert len(cells) == 2 and all(re.fullmatch(r"\d+\.\d \(\d+\.\d\)", c) for c in cells), row
+
+
+def test_bench_gemv_sums_the_2b4t_projections_timed_alone():
+    """ANCHORS.md's 30.3 µs for Microsoft is its four batch-1 cold times added up; the benchmark
+    adds ours the same way, from the same run's rows, and only when all four are there."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import bench_gemv
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    times = [2.25, 1.75, 4.5, 3.25]
+    rows = [{"op": "gemv_w2a8", "M": M, "K": K, "N": 1, "us": us}
+            for (M, K), us in zip(bench_gemv.PROJECTIONS_2B4T, times)]
+    rows.append({"op": "gemv_w2a8", "M": 2560, "K": 2560, "N": 8, "us": 100.0})  # batch 8: not summed
+    summed = bench_gemv.sum_2b4t_alone(rows, read_gbps=2000.0)
+    assert summed["us"] == sum(times) == 11.75
+    layer_bytes = sum(M * K // 4 for M, K in bench_gemv.PROJECTIONS_2B4T)
+    assert summed["pct_read_bw"] == pytest.approx(100 * layer_bytes / 11.75e3 / 2000.0)
+    assert summed["speedup_vs_microsoft"] == pytest.approx(30.3 / 11.75)
+    assert bench_gemv.sum_2b4t_alone(rows[1:], read_gbps=2000.0) is None

@@ -79,6 +79,19 @@ def bench_2b4t(torch, read_gbps):
             "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
 
 
+def sum_2b4t_alone(rows, read_gbps):
+    """The four projections' batch-1 rows of this run, summed: how ANCHORS.md's 30.3 µs for
+    Microsoft's kernel is made (each shape timed alone, cold). None unless all four were run."""
+    alone = {(r["M"], r["K"]): r["us"] for r in rows if r.get("N") == 1 and "M" in r}
+    if not all(shape in alone for shape in PROJECTIONS_2B4T):
+        return None
+    us = sum(alone[shape] for shape in PROJECTIONS_2B4T)
+    layer_bytes = sum(M * K // 4 for M, K in PROJECTIONS_2B4T)
+    return {"op": "2B4T layer: the 4 projections each timed alone, summed", "us": us,
+            "GBps": layer_bytes / us / 1e3, "pct_read_bw": 100 * layer_bytes / us / 1e3 / read_gbps,
+            "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
+
+
 def bench_quantizers(torch, read_gbps):
     rows = []
     M, K = 16384, 4096  # 256 MiB of float32
@@ -108,6 +121,9 @@ def run_gpu(quick, gemv_only):
             print(rows[-1], flush=True)
     rows.append(bench_2b4t(torch, read_gbps))
     print(rows[-1], flush=True)
+    summed = sum_2b4t_alone(rows, read_gbps)
+    if summed:
+        rows.append(summed)
     if not gemv_only:
         rows += bench_quantizers(torch, read_gbps)
         print(rows[-2:], flush=True)
