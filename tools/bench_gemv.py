@@ -60,9 +60,18 @@ def bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=True):
     return row
 
 
+LAYER_BYTES_2B4T = sum(M * K // 4 for M, K in PROJECTIONS_2B4T)
+
+
+def layer_row_2b4t(op, us, read_gbps):
+    """A row for the four 2B4T projections taking `us` together, beside Microsoft's 30.3 µs."""
+    gbps = LAYER_BYTES_2B4T / us / 1e3
+    return {"op": op, "us": us, "GBps": gbps, "pct_read_bw": 100 * gbps / read_gbps,
+            "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
+
+
 def bench_2b4t(torch, read_gbps):
-    layer_bytes = sum(M * K // 4 for M, K in PROJECTIONS_2B4T)
-    layers = math.ceil(ROTATE_BYTES / layer_bytes)
+    layers = math.ceil(ROTATE_BYTES / LAYER_BYTES_2B4T)
     weights = [[bn.TernaryWeights(random_packed(torch, M, K, 1)[0], torch.rand(M, device="cuda"))
                 for M, K in PROJECTIONS_2B4T] for _ in range(layers)]
     xs = {K: torch.randint(-128, 128, (1, K), dtype=torch.int8, device="cuda") for _, K in PROJECTIONS_2B4T}
@@ -73,10 +82,8 @@ def bench_2b4t(torch, read_gbps):
         for j, (M, K) in enumerate(PROJECTIONS_2B4T):
             bn.gemv_w2a8(weights[i][j], xs[K], x_s, out=ys[j])
 
-    us = graph_time_us(layer, layers)
-    return {"op": "2B4T layer: 4 projections back to back", "us": us,
-            "GBps": layer_bytes / us / 1e3, "pct_read_bw": 100 * layer_bytes / us / 1e3 / read_gbps,
-            "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
+    return layer_row_2b4t("2B4T layer: 4 projections back to back", graph_time_us(layer, layers),
+                          read_gbps)
 
 
 def sum_2b4t_alone(rows, read_gbps):
@@ -85,11 +92,8 @@ def sum_2b4t_alone(rows, read_gbps):
     alone = {(r["M"], r["K"]): r["us"] for r in rows if r.get("N") == 1 and "M" in r}
     if not all(shape in alone for shape in PROJECTIONS_2B4T):
         return None
-    us = sum(alone[shape] for shape in PROJECTIONS_2B4T)
-    layer_bytes = sum(M * K // 4 for M, K in PROJECTIONS_2B4T)
-    return {"op": "2B4T layer: the 4 projections each timed alone, summed", "us": us,
-            "GBps": layer_bytes / us / 1e3, "pct_read_bw": 100 * layer_bytes / us / 1e3 / read_gbps,
-            "microsoft_cold_us": MICROSOFT_2B4T_US, "speedup_vs_microsoft": MICROSOFT_2B4T_US / us}
+    return layer_row_2b4t("2B4T layer: the 4 projections each timed alone, summed",
+                          sum(alone[shape] for shape in PROJECTIONS_2B4T), read_gbps)
 
 
 def bench_quantizers(torch, read_gbps):

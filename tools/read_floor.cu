@@ -28,8 +28,9 @@ constexpr int kLoadsInFlight = 8;
         }                                                                                          \
     } while (0)
 
-/* Reads src[0, n) once; *sink is written only if the data hashes to a value it never does, so the
- * loads cannot be removed. */
+/* Reads src[0, n) once and, where dst is not null, writes dst[0, n / 2), each store the XOR of two
+ * loaded vectors; *sink is written only if the data hashes to a value it never does, so the loads
+ * cannot be removed. */
 __global__ void stream_read(const uint4 *src, size_t n, uint4 *dst, unsigned *sink, int pdl) {
     if (pdl) asm volatile("griddepcontrol.launch_dependents;");
     unsigned hash = 0;
@@ -122,7 +123,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         /* Bytes read: all of mb, or two thirds of it where a third is written. */
-        const size_t bytes = (size_t)(mb * 1e6 / (write_half ? 1.5 : 1.0)) / 32 * 32, n = bytes / 16;
+        const double moved_per_read = write_half ? 1.5 : 1.0;
+        const size_t bytes = (size_t)(mb * 1e6 / moved_per_read) / 32 * 32, n = bytes / 16;
         const size_t slots = std::min(total / bytes, std::max<size_t>(2, (512ull << 20) / bytes + 1));
         for (int pdl = 0; pdl < 2; pdl++) {
             float best = 1e9f;
@@ -134,7 +136,7 @@ int main(int argc, char **argv) {
                     if (us < best) best = us, best_blocks = blocks, best_threads = threads;
                 }
             }
-            const double moved = bytes * (write_half ? 1.5 : 1.0);
+            const double moved = bytes * moved_per_read;
             printf("%6.2f MB %-11s %-12s %7.2f us  %5.0f GB/s  (%d blocks of %d threads)\n", mb,
                    write_half ? "read+write" : "read", pdl ? "PDL, no wait" : "serialized", best,
                    moved / best / 1e3, best_blocks, best_threads);
