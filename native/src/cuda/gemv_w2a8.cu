@@ -7,7 +7,8 @@
  *   16-byte chunks of its row at a time and prefetches the next 10 while it computes (10 takes
  *   K = 5120 in one step; on an H100 it beat 8 and 12 at the one-token anchor shapes).
  * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K (5
- *   or 6 warps where that takes as many steps and lets more blocks run at once: plan_mma8);
+ *   or 6 warps where that takes as many steps and lets more blocks run at once, and 32 rows where
+ *   that then takes one round: plan_mma8);
  *   lane (g, t) loads 16 bytes of rows g and g+8 at chunk 4s+t, which feed 8 mma steps; the mma's
  *   k order is a permutation of K, applied to x alike. x is read straight from global memory into
  *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The warps'
@@ -18,7 +19,7 @@
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py): 55296x5120 24.2 us = 2937 GB/s (94% of read BW), 5120x27648 13.3-13.4 us
- * (85%), 2560x2560 1.83 us; 8 tokens: 13824x2560 6.4 us, 2560x2560 2.75 us. */
+ * (85%), 2560x2560 1.83 us; 8 tokens: 13824x2560 5.5 us, 2560x2560 2.75 us. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -240,29 +241,37 @@ __device__ __forceinline__ void load_x_fragment(int4 (&x)[4], const GemvArgs &a,
 }
 
 /* NT = 8 * NTILES tokens. Lane (g, t) = (lane / 4, lane % 4), as in the mma fragment layouts:
- * A row g and g+8 of the block's 16 rows, B column (token) g, D rows g, g+8 x tokens 2t, 2t+1. */
-template <int NTILES, int WARPS>
-__global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) {
-    static_assert(NTILES * 128 <= WARPS * 32, "a finisher per output of a tile");
+ * A row g and g+8 of each 16 rows, B column (token) g, D rows g, g+8 x tokens 2t, 2t+1.
+ * RTILES: row tiles of 16 per block. With 1, each warp loads the block's next tile while it computes
+ * this one. With 2 (rows of one step per warp, grids of one round: see plan_mma8), the two share
+ * each x fragment, and the first tile's weights, all of them, are loaded before the PDL wait. */
+template <int NTILES, int WARPS, int RTILES>
+__global__ __launch_bounds__(WARPS * 32, RTILES == 2 ? kMmaSmallBlocksPerSm : 0) void gemv_tokens_mma(const GemvArgs a) {
+    constexpr int kTileOutputs = NTILES * 128;
+    constexpr int kOutputs = RTILES * kTileOutputs;
+    constexpr int kPerThread = (kOutputs + WARPS * 32 - 1) / (WARPS * 32);
+    static_assert(RTILES == 1 || RTILES == 2, "1 or 2 row tiles per block");
+    static_assert(kTileOutputs <= WARPS * 32, "a finisher per output of a tile");
     extern __shared__ int4 shared[];
-    int *partial = reinterpret_cast<int *>(shared); /* [WARPS][NTILES * 128] */
+    int *partial = reinterpret_cast<int *>(shared); /* [WARPS][kOutputs] */
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const int chunks_per_row = a.K / 64;
     const int quads = (chunks_per_row + 3) / 4;              /* chunk quads per row */
     const int warp_quads = (quads - warp + WARPS - 1) / WARPS; /* quads warp, warp + WARPS, ... */
     const int iterations = (warp_quads + kStepsPerLoad - 1) / kStepsPerLoad;
-    const int tiles = (a.M + kRowsPerBlock - 1) / kRowsPerBlock;
+    constexpr int kRows = RTILES * kRowsPerBlock;
+    const int tiles = (a.M + kRows - 1) / kRows;
 
-    /* w[s][0]: row g, w[s][1]: row g+8, chunk 4 * quad + t, quad = warp + WARPS * (iteration * 2 + s) */
-    auto load = [&](uint4 (&w)[kStepsPerLoad][2], int tile_, int iteration) {
+    /* w[s][h]: row g + 8h, chunk 4 * quad + t, quad = warp + WARPS * (iteration * 2 + s) */
+    auto load = [&](uint4 (&w)[kStepsPerLoad][2 * RTILES], int tile_, int iteration) {
 #pragma unroll
         for (int s = 0; s < kStepsPerLoad; s++) {
             int quad = warp + WARPS * (iteration * kStepsPerLoad + s);
             int chunk = 4 * quad + t;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int row = tile_ * kRowsPerBlock + g + 8 * h;
+            for (int h = 0; h < 2 * RTILES; h++) {
+                int row = tile_ * kRows + g + 8 * h;
                 w[s][h] = row < a.M && quad < quads && chunk < chunks_per_row
                               ? __ldcs(a.w + static_cast<int64_t>(row) * chunks_per_row + chunk)
                               : make_uint4(0, 0, 0, 0);
@@ -270,45 +279,57 @@ __global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) 
         }
     };
 
-    /* Thread o < NTILES * 128 finishes output o of each tile: D element r of lane o % 32 of tile
-     * o / 128, fragment (j, r) of the warps' partial tiles. */
-    const int o = threadIdx.x, o_lane = o % 32, o_r = (o / 32) % 4;
-    const bool finisher = o < NTILES * 128;
-    const int o_n = 8 * (o / 128) + 2 * (o_lane % 4) + o_r % 2, o_row = o_lane / 4 + 8 * (o_r / 2);
-    auto row_scale = [&](int tile_) {
-        int row = tile_ * kRowsPerBlock + o_row;
-        return finisher && tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
+    /* Thread o < kOutputs finishes output o (and o + WARPS * 32, ...) of each block of rows: D
+     * element r of lane o % 32 of row tile o / kTileOutputs, token tile (o % kTileOutputs) / 128,
+     * fragment (j, r) of the warps' partial tiles. */
+    bool finisher[kPerThread];
+    int o_n[kPerThread], o_row[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; i++) {
+        const int o = threadIdx.x + i * WARPS * 32, o_lane = o % 32, o_r = (o / 32) % 4;
+        const int row_tile = RTILES == 1 ? 0 : o / kTileOutputs, tile_o = RTILES == 1 ? o : o % kTileOutputs;
+        finisher[i] = o < kOutputs;
+        o_n[i] = 8 * (tile_o / 128) + 2 * (o_lane % 4) + o_r % 2;
+        o_row[i] = kRowsPerBlock * row_tile + o_lane / 4 + 8 * (o_r / 2);
+    }
+    auto row_scale = [&](int i, int tile_) {
+        int row = tile_ * kRows + o_row[i];
+        return finisher[i] && tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
     };
 
     /* The weights and their scales never depend on the previous kernel. */
     int tile = blockIdx.x;
-    uint4 w[kStepsPerLoad][2];
+    uint4 w[kStepsPerLoad][2 * RTILES];
     if (tile < tiles && iterations > 0) load(w, tile, 0);
-    float w_scale = row_scale(tile);
+    float w_scale[kPerThread], x_scale[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; i++) w_scale[i] = row_scale(i, tile);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
-    const float x_scale = finisher && o_n < a.n_valid ? a.x_scales[o_n] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerThread; i++) x_scale[i] = finisher[i] && o_n[i] < a.n_valid ? a.x_scales[o_n[i]] : 0.0f;
 
     /* x_neg[j][r] = -sum of x of D element r's token over this warp's quads, added to the dots so
      * that the codes (W_q + 1) give W_q . x; the same for every tile, found during the first. */
     int x_neg[NTILES][4];
-    /* One tile of 16 rows: its dots into shared memory, then the finishers' outputs. `first` is
+    /* One block of rows: its dots into shared memory, then the finishers' outputs. `first` is
      * std::true_type for the block's first tile, so that later tiles are compiled without the sums. */
     auto run_tile = [&](auto first) {
         constexpr bool kFirst = decltype(first)::value;
-        const float next_w_scale = row_scale(tile + gridDim.x);
-        int d[NTILES][2][4] = {}; /* [j][i % 2]: from masked_codes(., i), 4 times too big for odd i */
+        float next_w_scale[kPerThread];
+#pragma unroll
+        for (int i = 0; i < kPerThread; i++) next_w_scale[i] = row_scale(i, tile + gridDim.x);
+        int d[RTILES][NTILES][2][4] = {}; /* [.][j][i % 2]: from masked_codes(., i), 4 times too big for odd i */
         int x_sum[NTILES] = {}; /* lane (g, t): x of token g + 8j over its chunks, first tile only */
         for (int iteration = 0; iteration < iterations; iteration++) {
-            uint4 next[kStepsPerLoad][2];
+            uint4 next[kStepsPerLoad][2 * RTILES];
             int next_tile = iteration + 1 < iterations ? tile : tile + gridDim.x;
-            if (next_tile < tiles) load(next, next_tile, iteration + 1 < iterations ? iteration + 1 : 0);
+            if (RTILES == 1 && next_tile < tiles) load(next, next_tile, iteration + 1 < iterations ? iteration + 1 : 0);
+            if (RTILES == 2 && !(kFirst && iteration == 0)) load(w, tile, iteration);
 #pragma unroll
             for (int s = 0; s < kStepsPerLoad; s++) {
                 int quad = warp + WARPS * (iteration * kStepsPerLoad + s);
                 if (quad >= quads) break;
-                const uint32_t lo[4] = {w[s][0].x, w[s][0].y, w[s][0].z, w[s][0].w};
-                const uint32_t hi[4] = {w[s][1].x, w[s][1].y, w[s][1].z, w[s][1].w};
 #pragma unroll
                 for (int j = 0; j < NTILES; j++) {
                     int4 x[4];
@@ -317,18 +338,26 @@ __global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) 
 #pragma unroll
                         for (int q = 0; q < 4; q++) x_sum[j] = add_bytes(x[q], x_sum[j]);
                     }
-                    /* mma step (p, i): k = 16q + 4i of the lane's chunk for words q = 2p and 2p + 1 */
 #pragma unroll
-                    for (int p = 0; p < 2; p++)
+                    for (int rt = 0; rt < RTILES; rt++) {
+                        const uint4 &lo = w[s][2 * rt], &hi = w[s][2 * rt + 1];
+                        const uint32_t lo_words[4] = {lo.x, lo.y, lo.z, lo.w}, hi_words[4] = {hi.x, hi.y, hi.z, hi.w};
+                        /* mma step (p, i): k = 16q + 4i of the lane's chunk for words q = 2p and 2p + 1 */
 #pragma unroll
-                        for (int i = 0; i < 4; i++)
-                            mma_u8_s8(d[j][i % 2], masked_codes(lo[2 * p], i), masked_codes(hi[2 * p], i),
-                                      masked_codes(lo[2 * p + 1], i), masked_codes(hi[2 * p + 1], i),
-                                      component(x[2 * p], i), component(x[2 * p + 1], i));
+                        for (int p = 0; p < 2; p++)
+#pragma unroll
+                            for (int i = 0; i < 4; i++)
+                                mma_u8_s8(d[rt][j][i % 2], masked_codes(lo_words[2 * p], i),
+                                          masked_codes(hi_words[2 * p], i), masked_codes(lo_words[2 * p + 1], i),
+                                          masked_codes(hi_words[2 * p + 1], i), component(x[2 * p], i),
+                                          component(x[2 * p + 1], i));
+                    }
                 }
             }
+            if (RTILES == 1) {
 #pragma unroll
-            for (int s = 0; s < kStepsPerLoad; s++) w[s][0] = next[s][0], w[s][1] = next[s][1];
+                for (int s = 0; s < kStepsPerLoad; s++) w[s][0] = next[s][0], w[s][1] = next[s][1];
+            }
         }
         if (kFirst) {
             /* The sums over t meet in lanes 4g..4g+3; D element r of lane (g, t) has token 2t + r % 2. */
@@ -341,21 +370,28 @@ __global__ __launch_bounds__(WARPS * 32) void gemv_tokens_mma(const GemvArgs a) 
                 x_neg[j][1] = x_neg[j][3] = -odd;
             }
         }
-        /* The warps' partial tiles meet in shared memory; each finisher adds up its output. */
+        /* The warps' partial tiles meet in shared memory; each finisher adds up its outputs. */
 #pragma unroll
-        for (int j = 0; j < NTILES; j++)
+        for (int rt = 0; rt < RTILES; rt++)
 #pragma unroll
-            for (int r = 0; r < 4; r++)
-                partial[(warp * NTILES * 4 + j * 4 + r) * 32 + lane] = d[j][0][r] + (d[j][1][r] >> 2) + x_neg[j][r];
+            for (int j = 0; j < NTILES; j++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    partial[(warp * RTILES * NTILES * 4 + (rt * NTILES + j) * 4 + r) * 32 + lane] =
+                        d[rt][j][0][r] + (d[rt][j][1][r] >> 2) + x_neg[j][r];
         __syncthreads();
-        if (finisher) {
-            int dot = 0;
 #pragma unroll
-            for (int w2 = 0; w2 < WARPS; w2++) dot += partial[w2 * NTILES * 128 + o];
-            int row = tile * kRowsPerBlock + o_row;
-            if (row < a.M && o_n < a.n_valid) store(a, o_n, row, dot, w_scale, x_scale);
+        for (int i = 0; i < kPerThread; i++) {
+            if (finisher[i]) {
+                const int o = threadIdx.x + i * WARPS * 32;
+                int dot = 0;
+#pragma unroll
+                for (int w2 = 0; w2 < WARPS; w2++) dot += partial[w2 * kOutputs + o];
+                int row = tile * kRows + o_row[i];
+                if (row < a.M && o_n[i] < a.n_valid) store(a, o_n[i], row, dot, w_scale[i], x_scale[i]);
+            }
+            w_scale[i] = next_w_scale[i];
         }
-        w_scale = next_w_scale;
         __syncthreads();
     };
     if (tile < tiles) run_tile(std::true_type());
@@ -394,25 +430,10 @@ bitnet_status launch(const Launch &l, int64_t work_blocks, const GemvArgs &a, cu
     return BITNET_OK;
 }
 
-template <int NTILES, int WARPS>
+template <int NTILES, int WARPS, int RTILES = 1>
 bitnet_status plan_mma(int sms, int blocks_per_sm, Launch *out) {
-    const size_t partial_bytes = static_cast<size_t>(WARPS) * NTILES * 128 * sizeof(int);
-    return plan(sms, gemv_tokens_mma<NTILES, WARPS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
-}
-
-/* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
- * step more than others when 8 does not divide them. Where 5 or 6 warps take them in as many steps
- * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU
- * holds at once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560,
- * 8 tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. */
-bitnet_status plan_mma8(int sms, int64_t K, int64_t tiles, Launch *out) {
-    BN_TRY((plan_mma<1, 8>(sms, kMmaBlocksPerSm, out)));
-    const int64_t quads = (K / 64 + 3) / 4;
-    const int64_t steps = (quads + kWarps - 1) / kWarps;
-    const int64_t fewest = (quads + steps - 1) / steps;
-    if (tiles <= out->resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
-    return fewest == 5 ? plan_mma<1, 5>(sms, kMmaSmallBlocksPerSm, out)
-                       : plan_mma<1, 6>(sms, kMmaSmallBlocksPerSm, out);
+    const size_t partial_bytes = static_cast<size_t>(WARPS) * RTILES * NTILES * 128 * sizeof(int);
+    return plan(sms, gemv_tokens_mma<NTILES, WARPS, RTILES>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
 /* The launch for nt tokens (1, 8 or 16) and its blocks of work (tiles of rows), the same for every
@@ -421,6 +442,32 @@ struct TokensLaunch {
     Launch launch;
     int64_t work_blocks;
 };
+
+/* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
+ * step more than others when 8 does not divide them. Where 5 or 6 warps take them in as many steps
+ * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU
+ * holds at once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560,
+ * 8 tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. Where 5 warps take K in one step
+ * each (K = 2176 to 2560) and blocks of 2 tiles then fit in one round, a block takes 2 tiles at once:
+ * 13824x2560 6.36-6.47 -> 5.48-5.54 us. */
+bitnet_status plan_mma8(int sms, int64_t M, int64_t K, TokensLaunch *out) {
+    out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+    BN_TRY((plan_mma<1, 8>(sms, kMmaBlocksPerSm, &out->launch)));
+    const int64_t quads = (K / 64 + 3) / 4;
+    const int64_t steps = (quads + kWarps - 1) / kWarps;
+    const int64_t fewest = (quads + steps - 1) / steps;
+    if (out->work_blocks <= out->launch.resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
+    if (fewest == 5 && steps == kStepsPerLoad) {
+        BN_TRY((plan_mma<1, 5, 2>(sms, kMmaSmallBlocksPerSm, &out->launch)));
+        const int64_t pairs = (out->work_blocks + 1) / 2;
+        if (pairs <= out->launch.resident_blocks) {
+            out->work_blocks = pairs;
+            return BITNET_OK;
+        }
+    }
+    return fewest == 5 ? plan_mma<1, 5>(sms, kMmaSmallBlocksPerSm, &out->launch)
+                       : plan_mma<1, 6>(sms, kMmaSmallBlocksPerSm, &out->launch);
+}
 
 bitnet_status plan_tokens(int sms, int nt, int64_t M, int64_t K, TokensLaunch *out) {
     if (nt == 1) {
@@ -438,8 +485,8 @@ bitnet_status plan_tokens(int sms, int nt, int64_t M, int64_t K, TokensLaunch *o
                                       : (rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
         return plan(sms, kernel, kThreads, per_sm, bytes, &out->launch);
     }
+    if (nt == 8) return plan_mma8(sms, M, K, out);
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-    if (nt == 8) return plan_mma8(sms, K, out->work_blocks, &out->launch);
     return plan_mma<2, 8>(sms, kMmaBlocksPerSm, &out->launch);
 }
 
