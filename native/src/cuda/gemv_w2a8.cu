@@ -244,9 +244,10 @@ __device__ __forceinline__ void load_x_fragment(int4 (&x)[4], const GemvArgs &a,
  * A row g and g+8 of each 16 rows, B column (token) g, D rows g, g+8 x tokens 2t, 2t+1.
  * RTILES: row tiles of 16 per block. With 1, each warp loads the block's next tile while it computes
  * this one. With 2 (rows of one step per warp, grids of one round: see plan_mma8), the two share
- * each x fragment, and the first tile's weights, all of them, are loaded before the PDL wait. */
-template <int NTILES, int WARPS, int RTILES>
-__global__ __launch_bounds__(WARPS * 32, RTILES == 2 ? kMmaSmallBlocksPerSm : 0) void gemv_tokens_mma(const GemvArgs a) {
+ * each x fragment, and the first tile's weights, all of them, are loaded before the PDL wait.
+ * MIN_BLOCKS: the launch bound's blocks per SM (0: none), which sets ptxas's register budget. */
+template <int NTILES, int WARPS, int RTILES, int MIN_BLOCKS>
+__global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const GemvArgs a) {
     constexpr int kTileOutputs = NTILES * 128;
     constexpr int kOutputs = RTILES * kTileOutputs;
     constexpr int kPerThread = (kOutputs + WARPS * 32 - 1) / (WARPS * 32);
@@ -430,10 +431,10 @@ bitnet_status launch(const Launch &l, int64_t work_blocks, const GemvArgs &a, cu
     return BITNET_OK;
 }
 
-template <int NTILES, int WARPS, int RTILES = 1>
+template <int NTILES, int WARPS, int RTILES = 1, int MIN_BLOCKS = 0>
 bitnet_status plan_mma(int sms, int blocks_per_sm, Launch *out) {
     const size_t partial_bytes = static_cast<size_t>(WARPS) * RTILES * NTILES * 128 * sizeof(int);
-    return plan(sms, gemv_tokens_mma<NTILES, WARPS, RTILES>, WARPS * 32, blocks_per_sm, partial_bytes, out);
+    return plan(sms, gemv_tokens_mma<NTILES, WARPS, RTILES, MIN_BLOCKS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
 /* The launch for nt tokens (1, 8 or 16) and its blocks of work (tiles of rows), the same for every
@@ -444,7 +445,10 @@ struct TokensLaunch {
 };
 
 /* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
- * step more than others when 8 does not divide them. Where 5 or 6 warps take them in as many steps
+ * step more than others when 8 does not divide them. Told 1 block per SM, ptxas gives them 94
+ * registers instead of 80, so 2 blocks fit per SM instead of 3; where the tiles take one round of
+ * those, that is faster (H100, 8 tokens: 2560x6912 5.51 -> 4.67 us, 3200x10240 8.1 -> 6.6, 2560x2560
+ * 2.78 -> 2.58); where they do not, it is slower (4800x3200 3.5 -> 4.5, 5120x27648 20.8 -> 27.4). Where 5 or 6 warps take them in as many steps
  * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU
  * holds at once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560,
  * 8 tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. Where 5 warps take K in one step
@@ -452,13 +456,15 @@ struct TokensLaunch {
  * 13824x2560 6.36-6.47 -> 5.48-5.54 us. */
 bitnet_status plan_mma8(int sms, int64_t M, int64_t K, TokensLaunch *out) {
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+    BN_TRY((plan_mma<1, 8, 1, 1>(sms, kMmaBlocksPerSm, &out->launch)));
+    if (out->work_blocks <= out->launch.resident_blocks) return BITNET_OK;
     BN_TRY((plan_mma<1, 8>(sms, kMmaBlocksPerSm, &out->launch)));
     const int64_t quads = (K / 64 + 3) / 4;
     const int64_t steps = (quads + kWarps - 1) / kWarps;
     const int64_t fewest = (quads + steps - 1) / steps;
     if (out->work_blocks <= out->launch.resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
     if (fewest == 5 && steps == kStepsPerLoad) {
-        BN_TRY((plan_mma<1, 5, 2>(sms, kMmaSmallBlocksPerSm, &out->launch)));
+        BN_TRY((plan_mma<1, 5, 2, kMmaSmallBlocksPerSm>(sms, kMmaSmallBlocksPerSm, &out->launch)));
         const int64_t pairs = (out->work_blocks + 1) / 2;
         if (pairs <= out->launch.resident_blocks) {
             out->work_blocks = pairs;
