@@ -39,6 +39,17 @@ constexpr int kMaxClusterSplits = 16;
  * L = 131072: 128 tiles per split, where streaming on every SM wins and the merge is cheap). */
 constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
 
+/* n / d and n % d by one multiply-high, exact where n * d < 2^32 (here a row or float4 index of a
+ * block, times a group size or split count): magic = ceil(2^32 / d), made on the host. The tail
+ * of a call (the warps' combine, the pushes, the finishing step) is a chain of such indices, and a
+ * generic 32-bit division takes about 20 dependent instructions. */
+struct SmallDivisor {
+    uint32_t d, magic;
+    static SmallDivisor of(uint32_t d) { return {d, (uint32_t)(((1ull << 32) + d - 1) / d)}; }
+    __device__ __forceinline__ int div(int n) const { return d == 1 ? n : (int)__umulhi((uint32_t)n, magic); }
+    __device__ __forceinline__ int mod(int n) const { return n - div(n) * (int)d; }
+};
+
 /* Tiles in flight per block: 2 where several blocks share an SM (splits merged by merge_kernel); on
  * the cluster path's one block per SM, 4 to 6 by the tiles of a split (cluster_stages). */
 constexpr int kSplitStages = 2;
@@ -70,7 +81,9 @@ struct ClusterInbox {
     /* The row block's output float4s (n4), each split's share of them (ceil(n4 / splits), the
      * size of its slot in o), and how many of them block `rank` owns (see push_partial). */
     __device__ static int float4s(int rows) { return rows * D / 4; }
-    __device__ static int per_split(int rows, int splits) { return (float4s(rows) + splits - 1) / splits; }
+    __device__ static int per_split(int rows, SmallDivisor splits) {
+        return splits.div(float4s(rows) + (int)splits.d - 1);
+    }
     __device__ static int owned(int rows, int splits, int rank) {
         return (float4s(rows) - rank + splits - 1) / splits;
     }
@@ -171,16 +184,16 @@ __device__ void inbox_open(ClusterInbox<D> &inbox, int rank, int splits, int row
 
 /* Block `rank`'s partial of output float4 j (unnormalized, with its row's max and sum) to its owner. */
 template <int D>
-__device__ __forceinline__ void push_partial(ClusterInbox<D> &inbox, int rank, int splits, int rows,
-                                             int j, float4 acc, float m, float l) {
+__device__ __forceinline__ void push_partial(ClusterInbox<D> &inbox, int rank, SmallDivisor splits,
+                                             int rows, int j, float4 acc, float m, float l) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     static_assert(D / 4 >= kMaxClusterSplits, "a row's float4s must cover every split");
-    const int per_split = ClusterInbox<D>::per_split(rows, splits), owner = j % splits;
+    const int per_split = ClusterInbox<D>::per_split(rows, splits), owner = splits.mod(j);
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
-                 ::"r"(cluster_addr(&inbox.o[rank * per_split + j / splits], owner)), "f"(acc.x),
+                 ::"r"(cluster_addr(&inbox.o[rank * per_split + splits.div(j)], owner)), "f"(acc.x),
                  "f"(acc.y), "f"(acc.z), "f"(acc.w), "r"(cluster_addr(&inbox.landed, owner)) : "memory");
     const int r = j / (D / 4), to = j % (D / 4); /* float4 `to` of row r sends its (max, sum) to block `to` */
-    if (to < splits)
+    if (to < (int)splits.d)
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
                      ::"r"(cluster_addr(&inbox.ml[rank][r], to)), "f"(m), "f"(l),
                      "r"(cluster_addr(&inbox.landed, to)) : "memory");
@@ -192,20 +205,22 @@ __device__ __forceinline__ void add_scaled(float4 &acc, float weight, float4 o) 
     acc.x += weight * o.x, acc.y += weight * o.y, acc.z += weight * o.z, acc.w += weight * o.w;
 }
 
-/* out[0..3] = acc / l as T (out 8-byte aligned). */
+/* out[0..3] = acc / l as T (out 8-byte aligned), by one division and four multiplies. */
 template <typename T>
 __device__ __forceinline__ void store4(T *out, float4 acc, float l) {
+    const float inv = 1.0f / l;
     *reinterpret_cast<uint2 *>(out) =
-        make_uint2(pack2<T>(acc.x / l, acc.y / l), pack2<T>(acc.z / l, acc.w / l));
+        make_uint2(pack2<T>(acc.x * inv, acc.y * inv), pack2<T>(acc.z * inv, acc.w * inv));
 }
 
 /* Block `rank` finishes the float4s it owns once every split's partial has landed:
  * out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). */
 template <typename T, int D, typename OutRow>
-__device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits, int rows, OutRow out_row,
-                             T *__restrict__ out) {
+__device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDivisor split_count, int rows,
+                             OutRow out_row, T *__restrict__ out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, splits);
+    const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, split_count);
+    const int splits = (int)split_count.d;
     if (rank + (int)threadIdx.x * splits >= n4) return; /* nothing owned; thread 0 always owns one */
     uint32_t landed = 0;
     while (!landed)
@@ -244,12 +259,12 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, int splits,
  * Out of line, so that its registers stay out of the key loop's. */
 template <typename T, int D, typename OutRow>
 __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T *v_head, int64_t stride,
-                                            DecodeCombine<D> &combine, int rows, int row0, int group,
+                                            DecodeCombine<D> &combine, int rows, int row0, SmallDivisor group,
                                             int Sq, int L, int causal, int first_tile, int tile_step,
                                             int tile_count, float scale_log2, OutRow out_row) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int r = 0; r < rows; r++) {
-        const int keys_end = causal ? L - Sq + (row0 + r) / group + 1 : L;
+        const int keys_end = causal ? L - Sq + group.div(row0 + r) + 1 : L;
         float o_row[D / 32] = {}, m = -INFINITY, l = 0.0f;
         for (int i = warp; i < tile_count; i += kWarps) {
             const int key0 = (first_tile + i * tile_step) * kTileKeys;
@@ -271,7 +286,7 @@ template <typename T, int D, bool CLUSTER, int STAGES>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
               const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
-              float scale_log2, int num_splits, T *__restrict__ out,
+              float scale_log2, SmallDivisor group, SmallDivisor splits, T *__restrict__ out,
               float *__restrict__ partial_out, float *__restrict__ partial_ml) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     if (CLUSTER) return; /* launched on sm_90 only (cluster_splits): no code for older GPUs */
@@ -280,7 +295,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
-    const int split = blockIdx.x, kvh = blockIdx.y % Hkv, b = blockIdx.z;
+    const int split = blockIdx.x, kvh = blockIdx.y % Hkv, b = blockIdx.z, num_splits = (int)splits.d;
     const int64_t stride = (int64_t)Hkv * D;
     const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
@@ -293,8 +308,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         tile_count = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
     };
     auto tile_at = [&](int i) { return split + i * num_splits; };
-    const int group = Hq / Hkv, row0 = blockIdx.y / Hkv * kRows;
-    const int rows = min(kRows, Sq * group - row0);
+    const int row0 = blockIdx.y / Hkv * kRows;
+    const int rows = min(kRows, Sq * (int)group.d - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
      * (With seq_lens, L may come from the previous kernel; guessing L = C prefetched tiles past L
      * and made the batch-8 demo's attention twice as slow.) */
@@ -308,9 +323,9 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int L = seq_lens ? seq_lens[b] : C;
-    auto out_row = [&](int r) { /* the row of out (and of q) that block row r is */
+    auto out_row = [=](int r) { /* the row of out (and of q) that block row r is */
         int row = row0 + r;
-        return ((int64_t)b * Sq + row / group) * Hq + kvh * group + row % group;
+        return ((int64_t)b * Sq + group.div(row)) * Hq + kvh * (int)group.d + group.mod(row);
     };
     if (!valid_seq_len(L, C, Sq, causal)) {
         if (num_splits == 1 || (CLUSTER && split == 0))
@@ -318,7 +333,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
                 out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
         return; /* the whole cluster returns here; with a merge kernel, it writes the NaNs */
     }
-    split_tiles(L);
+    if (seq_lens) split_tiles(L); /* without, L = C: counted above */
 
     /* One cp.async group per tile; the first also brings q. */
     for (int i = 0; i < kStageCount - 1; i++) {
@@ -340,10 +355,10 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     int last_key[2];
 #pragma unroll
     for (int half = 0; half < 2; half++)
-        last_key[half] = causal ? L - Sq + (row0 + g + 8 * half) / group : L - 1;
+        last_key[half] = causal ? L - Sq + group.div(row0 + g + 8 * half) : L - 1;
 
     /* Keys after the block's first row's last key are hidden from some of its rows. */
-    const int first_row_last_key = causal ? L - Sq + row0 / group : L - 1;
+    const int first_row_last_key = causal ? L - Sq + group.div(row0) : L - 1;
     bool hidden_nonfinite_v = false; /* an inf or NaN value at a hidden key: see attend_row */
 
     uint32_t qf[D / 16][4];
@@ -470,7 +485,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         if (num_splits == 1) {
             store4(out + row * D + d, acc, l_tot);
         } else if constexpr (CLUSTER) {
-            push_partial(sm.inbox, split, num_splits, rows, j, acc, m_tot, l_tot);
+            push_partial(sm.inbox, split, splits, rows, j, acc, m_tot, l_tot);
         } else {
             const int64_t slot = row * num_splits + split;
             float *dst = partial_out + slot * D + d;
@@ -481,7 +496,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             }
         }
     }
-    if constexpr (CLUSTER) finish_owned(sm.inbox, split, num_splits, rows, out_row, out);
+    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out);
 }
 
 /* One block per output row: w_s = 2^(m_s - max m), out = sum_s w_s acc_s / sum_s w_s l_s. Each warp
@@ -629,6 +644,7 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                                                 sizeof(DecodeShared<D, false, kSplitStages>::v),
                   "the warps' combine must fit over the tiles");
     const float scale_log2 = scale * 1.4426950408889634f;
+    const SmallDivisor group = SmallDivisor::of((uint32_t)(Hq / Hkv));
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
 
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
@@ -641,8 +657,8 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                                           (unsigned)splits, stream,
                                           static_cast<const T *>(q), static_cast<const T *>(k),
                                           static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
-                                          (int)Hq, (int)Hkv, causal, scale_log2, splits,
-                                          static_cast<T *>(out), (float *)nullptr, (float *)nullptr));
+                                          (int)Hq, (int)Hkv, causal, scale_log2, group,
+                                          SmallDivisor::of((uint32_t)splits), static_cast<T *>(out), (float *)nullptr, (float *)nullptr));
         return BITNET_OK;
     }
 
@@ -655,8 +671,9 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     grid.x = (unsigned)num_splits;
     BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, static_cast<const T *>(q),
                               static_cast<const T *>(k), static_cast<const T *>(v), seq_lens, (int)C,
-                              (int)Sq, (int)Hq, (int)Hkv, causal, scale_log2, (int)num_splits,
-                              static_cast<T *>(out), partial_out, partial_ml));
+                              (int)Sq, (int)Hq, (int)Hkv, causal, scale_log2, group,
+                              SmallDivisor::of((uint32_t)num_splits), static_cast<T *>(out), partial_out,
+                              partial_ml));
     if (num_splits > 1) {
         /* The merge grid is set up while the decode grid drains. */
         BN_CUDA_TRY(bn_launch_pdl(merge_kernel<T, D>, dim3((unsigned)rows), dim3(kMergeWarps * 32),
