@@ -285,7 +285,7 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
 template <typename T, int D, bool CLUSTER, int STAGES>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
-              const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
+              const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, SmallDivisor kv_heads, int causal,
               float scale_log2, SmallDivisor group, SmallDivisor splits, T *__restrict__ out,
               float *__restrict__ partial_out, float *__restrict__ partial_ml) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -295,7 +295,8 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
-    const int split = blockIdx.x, kvh = blockIdx.y % Hkv, b = blockIdx.z, num_splits = (int)splits.d;
+    const int Hkv = (int)kv_heads.d, num_splits = (int)splits.d;
+    const int split = blockIdx.x, kvh = kv_heads.mod(blockIdx.y), b = blockIdx.z;
     const int64_t stride = (int64_t)Hkv * D;
     const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
@@ -305,10 +306,11 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     int tile_count;
     auto split_tiles = [&](int keys) {
         const int tiles = (keys + kTileKeys - 1) / kTileKeys;
-        tile_count = split < tiles ? (tiles - split + num_splits - 1) / num_splits : 0;
+        const int rounds = tiles - split + num_splits - 1; /* the cluster path has at most 65 per split */
+        tile_count = split < tiles ? (CLUSTER ? splits.div(rounds) : rounds / num_splits) : 0;
     };
     auto tile_at = [&](int i) { return split + i * num_splits; };
-    const int row0 = blockIdx.y / Hkv * kRows;
+    const int row0 = kv_heads.div(blockIdx.y) * kRows;
     const int rows = min(kRows, Sq * (int)group.d - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
      * (With seq_lens, L may come from the previous kernel; guessing L = C prefetched tiles past L
@@ -657,7 +659,7 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                                           (unsigned)splits, stream,
                                           static_cast<const T *>(q), static_cast<const T *>(k),
                                           static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
-                                          (int)Hq, (int)Hkv, causal, scale_log2, group,
+                                          (int)Hq, SmallDivisor::of((uint32_t)Hkv), causal, scale_log2, group,
                                           SmallDivisor::of((uint32_t)splits), static_cast<T *>(out), (float *)nullptr, (float *)nullptr));
         return BITNET_OK;
     }
@@ -671,7 +673,7 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     grid.x = (unsigned)num_splits;
     BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, static_cast<const T *>(q),
                               static_cast<const T *>(k), static_cast<const T *>(v), seq_lens, (int)C,
-                              (int)Sq, (int)Hq, (int)Hkv, causal, scale_log2, group,
+                              (int)Sq, (int)Hq, SmallDivisor::of((uint32_t)Hkv), causal, scale_log2, group,
                               SmallDivisor::of((uint32_t)num_splits), static_cast<T *>(out), partial_out,
                               partial_ml));
     if (num_splits > 1) {
