@@ -306,7 +306,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     int tile_count;
     auto split_tiles = [&](int keys) {
         const int tiles = (keys + kTileKeys - 1) / kTileKeys;
-        const int rounds = tiles - split + num_splits - 1; /* the cluster path has at most 65 per split */
+        const int rounds = tiles - split + num_splits - 1; /* cluster path: below 65 * 16, see SmallDivisor */
         tile_count = split < tiles ? (CLUSTER ? splits.div(rounds) : rounds / num_splits) : 0;
     };
     auto tile_at = [&](int i) { return split + i * num_splits; };
