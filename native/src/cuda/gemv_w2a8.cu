@@ -323,10 +323,15 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
         int d[RTILES][NTILES][2][4] = {}; /* [.][j][i % 2]: from masked_codes(., i), 4 times too big for odd i */
         int x_sum[NTILES] = {}; /* lane (g, t): x of token g + 8j over its chunks, first tile only */
         for (int iteration = 0; iteration < iterations; iteration++) {
-            uint4 next[kStepsPerLoad][2 * RTILES];
-            int next_tile = iteration + 1 < iterations ? tile : tile + gridDim.x;
-            if (RTILES == 1 && next_tile < tiles) load(next, next_tile, iteration + 1 < iterations ? iteration + 1 : 0);
-            if (RTILES == 2 && !(kFirst && iteration == 0)) load(w, tile, iteration);
+            /* RTILES = 1: the next step's weights load while this step's are used. RTILES = 2: this
+             * step's load here (the first tile's first step was loaded before the PDL wait). */
+            [[maybe_unused]] uint4 next[kStepsPerLoad][2]; /* RTILES = 1 only */
+            if constexpr (RTILES == 1) {
+                const int next_tile = iteration + 1 < iterations ? tile : tile + gridDim.x;
+                if (next_tile < tiles) load(next, next_tile, iteration + 1 < iterations ? iteration + 1 : 0);
+            } else if (!(kFirst && iteration == 0)) {
+                load(w, tile, iteration);
+            }
 #pragma unroll
             for (int s = 0; s < kStepsPerLoad; s++) {
                 int quad = warp + WARPS * (iteration * kStepsPerLoad + s);
@@ -355,7 +360,7 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
                     }
                 }
             }
-            if (RTILES == 1) {
+            if constexpr (RTILES == 1) {
 #pragma unroll
                 for (int s = 0; s < kStepsPerLoad; s++) w[s][0] = next[s][0], w[s][1] = next[s][1];
             }
