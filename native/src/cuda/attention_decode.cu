@@ -257,19 +257,19 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDiviso
 }
 
 /* See attend_row: warp w's slots of the block's combine redone over every 4th of its tiles, from
- * its w-th on (tiles first_tile + i * tile_step, i < tile_count; see split_tiles in decode_kernel).
- * Out of line, so that its registers stay out of the key loop's. */
-template <typename T, int D, typename OutRow>
+ * its w-th on (tile_at(i), i < tile_count, as in decode_kernel). Out of line, so that its registers
+ * stay out of the key loop's. */
+template <typename T, int D, typename TileAt, typename OutRow>
 __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T *v_head, int64_t stride,
                                             DecodeCombine<D> &combine, int rows, int row0, SmallDivisor group,
-                                            int Sq, int L, int causal, int first_tile, int tile_step,
-                                            int tile_count, float scale_log2, OutRow out_row) {
+                                            int Sq, int L, int causal, TileAt tile_at, int tile_count,
+                                            float scale_log2, OutRow out_row) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int r = 0; r < rows; r++) {
         const int keys_end = causal ? L - Sq + group.div(row0 + r) + 1 : L;
         float o_row[D / 32] = {}, m = -INFINITY, l = 0.0f;
         for (int i = warp; i < tile_count; i += kWarps) {
-            const int key0 = (first_tile + i * tile_step) * kTileKeys;
+            const int key0 = tile_at(i) * kTileKeys;
             attend_row<T, D>(q + out_row(r) * D, k_head, v_head, stride, key0,
                              min(keys_end, key0 + kTileKeys), scale_log2, o_row, m, l);
         }
@@ -311,7 +311,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
         const int rounds = tiles - split + num_splits - 1; /* cluster path: below 65 * 16, see SmallDivisor */
         tile_count = split < tiles ? (CLUSTER ? splits.div(rounds) : rounds / num_splits) : 0;
     };
-    auto tile_at = [&](int i) { return split + i * num_splits; };
+    auto tile_at = [=](int i) { return split + i * num_splits; };
     const int row0 = kv_heads.div(blockIdx.y) * kRows;
     const int rows = min(kRows, Sq * (int)group.d - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
@@ -464,7 +464,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
     if (hidden_nonfinite_v) {
         __syncwarp(); /* after the lanes' writes above */
         redo_warp_rows<T, D>(q, k_head, v_head, stride, combine, rows, row0, group, Sq, L, causal,
-                             split, num_splits, tile_count, scale_log2, out_row);
+                             tile_at, tile_count, scale_log2, out_row);
     }
     __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
