@@ -1,7 +1,10 @@
 """The tools keep working: tools/gpu_sanitize.sh names test functions (one stale name makes pytest
-collect nothing, so the sanitizer would check nothing), tools/bench_host.py runs on the CPU, and
-tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's."""
+collect nothing, so the sanitizer would check nothing), tools/bench_host.py runs on the CPU,
+tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's, and
+tools/kernel_code_diff.py tells a changed kernel from an unchanged one."""
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +63,24 @@ def test_bench_gemv_sums_the_2b4t_projections_timed_alone():
     assert summed["pct_read_bw"] == pytest.approx(100 * layer_bytes / 11.75e3 / 2000.0)
     assert summed["speedup_vs_microsoft"] == pytest.approx(30.3 / 11.75)
     assert bench_gemv.sum_2b4t_alone(rows[1:], read_gbps=2000.0) is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="tools/kernel_code_diff.py needs nvcc")
+def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path):
+    """The committed add_int32.cu against a copy of itself, then against a copy that subtracts."""
+    source = REPO / "native" / "src" / "cuda" / "add_int32.cu"
+    text = source.read_text()
+    if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(source)], cwd=REPO).returncode != 0:
+        pytest.skip("add_int32.cu has uncommitted changes")
+    changed = text.replace("(uint32_t)x[i] + (uint32_t)delta", "(uint32_t)x[i] - (uint32_t)delta")
+    # The tool never loads the library; nvcc is not built for the sanitizers that make asan-test preloads.
+    without_sanitizers = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    assert changed != text
+    for name, body, code, verdict in [("same.cu", text, 0, "same"), ("changed.cu", changed, 1, "differs")]:
+        (tmp_path / name).write_text(body)
+        run = subprocess.run([sys.executable, str(REPO / "tools" / "kernel_code_diff.py"), str(source),
+                              "--with", str(tmp_path / name)], cwd=REPO, capture_output=True, text=True,
+                             timeout=300, env=without_sanitizers)
+        assert run.returncode == code, run.stdout + run.stderr
+        lines = run.stdout.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(verdict) and "add_int32_kernel" in lines[0], run.stdout
