@@ -37,9 +37,10 @@ def text_sections(cubin):
 
 
 def compile_cubin(source, cubin, arch):
-    subprocess.run(["nvcc", "-O3", "-std=c++17", f"-arch=sm_{arch}", "-DBITNET_HAVE_CUDA",
-                    f"-I{REPO / 'native/include'}", f"-I{REPO / 'native/src'}", f"-I{REPO / 'native/src/cuda'}",
-                    "-cubin", str(source), "-o", str(cubin)], check=True)
+    """The Makefile's device-code flags (its NVCCFLAGS and CPPFLAGS), for one architecture."""
+    subprocess.run(["nvcc", "-O3", "-std=c++17", f"-arch=sm_{arch}", "--expt-relaxed-constexpr",
+                    "-DBITNET_HAVE_CUDA", f"-I{REPO / 'native/include'}", f"-I{REPO / 'native/src'}",
+                    f"-I{REPO / 'native/src/cuda'}", "-cubin", str(source), "-o", str(cubin)], check=True)
 
 
 def main():

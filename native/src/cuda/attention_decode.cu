@@ -648,7 +648,7 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                                                 sizeof(DecodeShared<D, false, kSplitStages>::v),
                   "the warps' combine must fit over the tiles");
     const float scale_log2 = scale * 1.4426950408889634f;
-    const SmallDivisor group = SmallDivisor::of((uint32_t)(Hq / Hkv));
+    const SmallDivisor kv_heads = SmallDivisor::of((uint32_t)Hkv), group = SmallDivisor::of((uint32_t)(Hq / Hkv));
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
 
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
@@ -661,8 +661,9 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                                           (unsigned)splits, stream,
                                           static_cast<const T *>(q), static_cast<const T *>(k),
                                           static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
-                                          (int)Hq, SmallDivisor::of((uint32_t)Hkv), causal, scale_log2, group,
-                                          SmallDivisor::of((uint32_t)splits), static_cast<T *>(out), (float *)nullptr, (float *)nullptr));
+                                          (int)Hq, kv_heads, causal, scale_log2, group,
+                                          SmallDivisor::of((uint32_t)splits), static_cast<T *>(out),
+                                          (float *)nullptr, (float *)nullptr));
         return BITNET_OK;
     }
 
@@ -675,7 +676,7 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     grid.x = (unsigned)num_splits;
     BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, static_cast<const T *>(q),
                               static_cast<const T *>(k), static_cast<const T *>(v), seq_lens, (int)C,
-                              (int)Sq, (int)Hq, SmallDivisor::of((uint32_t)Hkv), causal, scale_log2, group,
+                              (int)Sq, (int)Hq, kv_heads, causal, scale_log2, group,
                               SmallDivisor::of((uint32_t)num_splits), static_cast<T *>(out), partial_out,
                               partial_ml));
     if (num_splits > 1) {
