@@ -218,25 +218,25 @@ __device__ __forceinline__ void store4(T *out, float4 acc, float l) {
 /* Block `rank` finishes the float4s it owns once every split's partial has landed:
  * out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). */
 template <typename T, int D, typename OutRow>
-__device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDivisor split_count, int rows,
+__device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDivisor splits, int rows,
                              OutRow out_row, T *__restrict__ out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, split_count);
-    const int splits = (int)split_count.d;
-    if (rank + (int)threadIdx.x * splits >= n4) return; /* nothing owned; thread 0 always owns one */
+    const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, splits);
+    const int n_splits = (int)splits.d;
+    if (rank + (int)threadIdx.x * n_splits >= n4) return; /* nothing owned; thread 0 always owns one */
     uint32_t landed = 0;
     while (!landed)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;"
                      " selp.u32 %0, 1, 0, p; }" : "=r"(landed) : "r"(shared_addr(&inbox.landed)) : "memory");
-    for (int local = threadIdx.x; rank + local * splits < n4; local += kThreads) {
-        const int j = rank + local * splits, r = j / (D / 4), d = j % (D / 4) * 4;
+    for (int local = threadIdx.x; rank + local * n_splits < n4; local += kThreads) {
+        const int j = rank + local * n_splits, r = j / (D / 4), d = j % (D / 4) * 4;
         float m[kMaxClusterSplits], l[kMaxClusterSplits];
         float4 o[kMaxClusterSplits];
         float m_max = -INFINITY;
 #pragma unroll
         for (int s = 0; s < kMaxClusterSplits; s++) { /* all the loads in flight at once */
             m[s] = -INFINITY, l[s] = 0.0f, o[s] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (s < splits) {
+            if (s < n_splits) {
                 m[s] = inbox.ml[s][r].x, l[s] = inbox.ml[s][r].y;
                 o[s] = inbox.o[s * per_split + local];
             }
