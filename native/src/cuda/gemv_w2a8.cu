@@ -450,15 +450,17 @@ struct TokensLaunch {
 };
 
 /* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
- * step more than others when 8 does not divide them. Told 1 block per SM, ptxas gives them 94
- * registers instead of 80, so 2 blocks fit per SM instead of 3; where the tiles take one round of
- * those, that is faster (H100, 8 tokens: 2560x6912 5.51 -> 4.67 us, 3200x10240 8.1 -> 6.6, 2560x2560
- * 2.78 -> 2.58); where they do not, it is slower (4800x3200 3.5 -> 4.5, 5120x27648 20.8 -> 27.4). Where 5 or 6 warps take them in as many steps
- * (K = 1152 to 1536, 2176 to 3072, 4224 to 4608) and the tiles outnumber the 8-warp blocks the GPU
- * holds at once, the smaller blocks fit more per SM and so take fewer rounds of tiles: 13824x2560,
- * 8 tokens, on an H100 (3 and 4 blocks per SM), 7.4 -> 6.4 us. Where 5 warps take K in one step
- * each (K = 2176 to 2560) and blocks of 2 tiles then fit in one round, a block takes 2 tiles at once:
- * 13824x2560 6.36-6.47 -> 5.48-5.54 us. */
+ * step more than others when 8 does not divide them.
+ * - Told 1 block per SM, ptxas gives them 94 registers instead of 80, so 2 blocks fit per SM
+ *   instead of 3. Where the tiles take one round of those, that is faster (H100, 8 tokens:
+ *   2560x6912 5.51 -> 4.67 us, 3200x10240 8.1 -> 6.6, 2560x2560 2.78 -> 2.58); where they do not,
+ *   it is slower (4800x3200 3.5 -> 4.5, 5120x27648 20.8 -> 27.4).
+ * - Where 5 or 6 warps take them in as many steps (K = 1152 to 1536, 2176 to 3072, 4224 to 4608)
+ *   and the tiles outnumber the 8-warp blocks the GPU holds at once, the smaller blocks fit more per
+ *   SM and so take fewer rounds of tiles: 13824x2560, 8 tokens, on an H100 (3 and 4 blocks per SM),
+ *   7.4 -> 6.4 us.
+ * - Where 5 warps take K in one step each (K = 2176 to 2560) and blocks of 2 tiles then fit in one
+ *   round, a block takes 2 tiles at once: 13824x2560 6.36-6.47 -> 5.48-5.54 us. */
 bitnet_status plan_mma8(int sms, int64_t M, int64_t K, TokensLaunch *out) {
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
     BN_TRY((plan_mma<1, 8, 1, 1>(sms, kMmaBlocksPerSm, &out->launch)));
