@@ -72,6 +72,34 @@ template <bool CLUSTER, int STAGES> __device__ __forceinline__ int prefetch_tile
     return CLUSTER && split_tiles > STAGES - 1 ? 2 : STAGES;
 }
 
+/* The cluster kernel for splits of at most 4 tiles (4 stages) moves a row's running max only where a
+ * tile's max passes it by more than kLazyMaxStep (log2 units), and rescales the accumulators only
+ * then, on a warp-uniform branch: with random scores, at the first tile only. In between, the
+ * weights reach up to 2^kLazyMaxStep, which the float32 sums and the bf16 or f16 probabilities hold
+ * with the same relative rounding. H100, B = 1, L = 4096: 6.16-6.21 -> 5.95-6.04 us. With every
+ * kernel lazy, L = 8192 and 16384 took 0.2-0.4 us longer (why is not known), so the longer splits
+ * keep online_softmax_step's exact max (BENCHMARKS.md, 2026-11-24). */
+constexpr int kLazyRescaleStages = 4;
+constexpr float kLazyMaxStep = 8.0f;
+
+/* online_softmax_step with the lazy max; true where some row of the warp moved its max, whose
+ * accumulators then need rescale[half] (1 for the rows that did not move). */
+__device__ __forceinline__ bool lazy_softmax_step(const float (&tile_max)[2], float (&m_run)[2],
+                                                  float (&l_run)[2], float (&base)[2], float (&rescale)[2]) {
+    bool moved = false;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const float m_tile = quad_max(tile_max[half]);
+        const bool move = m_tile > m_run[half] + kLazyMaxStep;
+        rescale[half] = move ? exp2_weight(m_run[half] - m_tile) : 1.0f;
+        m_run[half] = move ? m_tile : m_run[half];
+        l_run[half] *= rescale[half];
+        base[half] = m_run[half] == -INFINITY ? 0.0f : m_run[half];
+        moved |= move;
+    }
+    return __any_sync(0xffffffffu, moved);
+}
+
 /* Cluster path: what the cluster's blocks push into this block's shared memory for its share of the
  * outputs (see push_partial), and the barrier that completes once all of it has landed. */
 template <int D>
@@ -283,17 +311,22 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
  * head: token (row0 + r) / G, head kvh * G + (row0 + r) % G. Warp w computes, for every 64-key
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
  * max and sum; the 4 warps are combined at the end. Fragment coordinates as in PTX m16n8k16: lane
- * 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide n tile. */
+ * 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide n tile. The parameters come in
+ * the order the prologue first reads them: a block on an SM that has not run this kernel yet (the
+ * clusters that start only once the previous call ends) misses the constant cache on each line of
+ * parameters in turn, and the prologue's now share the first (44 bytes). H100, B = 1: L = 4096
+ * 6.16-6.21 -> 5.99-6.17 us, 32768 30.4-31.0 -> 30.1-30.7. */
 template <typename T, int D, bool CLUSTER, int STAGES>
 __global__ void __launch_bounds__(kThreads)
-decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
-              const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, SmallDivisor kv_heads, int causal,
-              float scale_log2, SmallDivisor group, SmallDivisor splits, T *__restrict__ out,
+decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, const T *__restrict__ v, int C,
+              SmallDivisor splits, SmallDivisor kv_heads, const T *__restrict__ q, SmallDivisor group, int Sq,
+              int Hq, int causal, float scale_log2, T *__restrict__ out,
               float *__restrict__ partial_out, float *__restrict__ partial_ml) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     if (CLUSTER) return; /* launched on sm_90 only (cluster_splits): no code for older GPUs */
 #endif
     constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
+    constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
@@ -420,7 +453,17 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             }
         }
         float rescale[2], base[2];
-        online_softmax_step(tile_max, m_run, l_run, base, rescale);
+        if constexpr (kLazy) {
+            if (lazy_softmax_step(tile_max, m_run, l_run, base, rescale) && i > 0) { /* else o is zero */
+#pragma unroll
+                for (int dt = 0; dt < kDimTiles; dt++) {
+                    o[dt][0] *= rescale[0], o[dt][1] *= rescale[0];
+                    o[dt][2] *= rescale[1], o[dt][3] *= rescale[1];
+                }
+            }
+        } else {
+            online_softmax_step(tile_max, m_run, l_run, base, rescale);
+        }
         uint32_t pf[4];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) softmax_probs<T>(s[nt], base, l_run, pf[2 * nt], pf[2 * nt + 1]);
@@ -430,7 +473,7 @@ decode_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restr
             int row = key_row0 + lane % 8 + 8 * (lane / 8 % 2);
             ldmatrix_x4_trans(vb, &sm.v[stage][row][swizzle(row, 2 * dp + lane / 16)]);
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
+            for (int half = 0; half < 2 && !kLazy; half++) { /* the lazy step rescaled o above */
                 o[2 * dp + half][0] *= rescale[0];
                 o[2 * dp + half][1] *= rescale[0];
                 o[2 * dp + half][2] *= rescale[1];
@@ -659,10 +702,10 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
         grid.x = (unsigned)splits;
         BN_CUDA_TRY(bn_launch_pdl_cluster(cluster.kernel, grid, dim3(kThreads), cluster.shared_bytes,
                                           (unsigned)splits, stream,
-                                          static_cast<const T *>(q), static_cast<const T *>(k),
-                                          static_cast<const T *>(v), seq_lens, (int)C, (int)Sq,
-                                          (int)Hq, kv_heads, causal, scale_log2, group,
-                                          SmallDivisor::of((uint32_t)splits), static_cast<T *>(out),
+                                          seq_lens, static_cast<const T *>(k), static_cast<const T *>(v),
+                                          (int)C, SmallDivisor::of((uint32_t)splits), kv_heads,
+                                          static_cast<const T *>(q), group, (int)Sq, (int)Hq, causal,
+                                          scale_log2, static_cast<T *>(out),
                                           (float *)nullptr, (float *)nullptr));
         return BITNET_OK;
     }
@@ -674,10 +717,10 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     float *partial_out = static_cast<float *>(workspace);
     float *partial_ml = partial_out ? partial_out + rows * num_splits * D : nullptr;
     grid.x = (unsigned)num_splits;
-    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, static_cast<const T *>(q),
-                              static_cast<const T *>(k), static_cast<const T *>(v), seq_lens, (int)C,
-                              (int)Sq, (int)Hq, kv_heads, causal, scale_log2, group,
-                              SmallDivisor::of((uint32_t)num_splits), static_cast<T *>(out), partial_out,
+    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), smem, stream, seq_lens,
+                              static_cast<const T *>(k), static_cast<const T *>(v), (int)C,
+                              SmallDivisor::of((uint32_t)num_splits), kv_heads, static_cast<const T *>(q),
+                              group, (int)Sq, (int)Hq, causal, scale_log2, static_cast<T *>(out), partial_out,
                               partial_ml));
     if (num_splits > 1) {
         /* The merge grid is set up while the decode grid drains. */
