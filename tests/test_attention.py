@@ -265,6 +265,22 @@ def test_gpu_decode_matches_reference_and_sdpa(rng, dtype, case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("C", [4096, 1000])
+def test_gpu_decode_scores_rising_along_the_context(rng, dtype, C):
+    """Keys scaled up along the context (1x to 7x), so that between a split's tiles its running max
+    rises by more than the lazy step of the 4-tile cluster kernel (8 in log2 units: C = 4096 splits
+    into 16 of 4 tiles) at some tiles and by less at others, where weights above 1 are summed."""
+    import torch
+    q, k, v = torch_inputs(rng, dtype, 1, 1, 20, 5, 128, C, spread=2.0)
+    ramp = 1 + 6 * torch.arange(C, device="cuda", dtype=torch.float32) / C
+    k = (k.float() * ramp[None, :, None, None]).to(k.dtype)
+    out = torch.full_like(q, float("nan"))
+    bitnet_ffi.attention(q, k, v, out=out)
+    assert_close(host64(out), reference_attention(host64(q), host64(k), host64(v)), host64(v), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", [(1, 1000, 20, 5, 128), (2, 77, 8, 8, 64), (1, 4096, 32, 8, 128),
                                   (2, 300, 8, 1, 128), (1, 129, 20, 5, 64), (2, 4000, 8, 2, 64)])
 def test_gpu_prefill_matches_reference_and_sdpa(rng, dtype, case):
