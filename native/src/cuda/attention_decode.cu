@@ -12,9 +12,9 @@
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
- * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 3.75
- * us (L = 1024), 6.2 us (4096), 87-88% of read bandwidth (32768); B = 8, L = 32768 at 94%
- * (docs/attention.md). */
+ * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 3.7
+ * us (L = 1024), 5.9-6.3 us (4096, by machine), 82-89% of read bandwidth (32768); B = 8, L = 32768
+ * at 94% (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
