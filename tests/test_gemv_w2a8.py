@@ -240,6 +240,18 @@ def test_gemv_gpu_large_shapes_int32(rng, M, K, N):
 
 
 @pytest.mark.gpu
+def test_gemv_gpu_one_token_over_48k_of_shared_memory_in_any_order(rng):
+    """One token keeps x in shared memory (K + 32 bytes). Over 48 KB the kernel's limit is raised,
+    and the planner remembers each (kernel, bytes): a smaller K after a larger one (both over 48 KB,
+    the same kernel) must leave the limit high enough for the larger one's next call."""
+    torch = pytest.importorskip("torch")
+    for K in (61440, 53248, 61440):
+        tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, 37, K, 1)
+        got = bn.gemv_w2a8(tw, x_gpu, xs_gpu, out_dtype="int32").cpu().numpy()
+        np.testing.assert_array_equal(got, bn.gemv_w2a8(tw_cpu, x_q, x_scales, out_dtype="int32"))
+
+
+@pytest.mark.gpu
 def test_gemv_gpu_device_array_and_quantized_inputs(rng):
     w = rng.standard_normal((2560, 6912)).astype(np.float32)
     x = rng.standard_normal((3, 6912)).astype(np.float32)

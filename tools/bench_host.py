@@ -45,9 +45,12 @@ def gpu_cases(bn):
     import torch
     rng = np.random.default_rng(0)
     tw = bn.quantize_i2s(rng.standard_normal((2560, 2560)).astype(np.float32)).to("cuda")
+    tw_ffn = bn.quantize_i2s(rng.standard_normal((13824, 2560)).astype(np.float32)).to("cuda")
     x = torch.randn(1, 2560, device="cuda", dtype=torch.bfloat16)
     x_q, s = bn.quantize_a8(x)
     y = torch.empty_like(x)
+    x8_q, s8 = bn.quantize_a8(torch.randn(8, 2560, device="cuda", dtype=torch.bfloat16))
+    y8 = torch.empty(8, 13824, device="cuda", dtype=torch.bfloat16)
     norm_w = torch.randn(2560, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(1, 1, 20, 128, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(1, 4096, 5, 128, device="cuda", dtype=torch.bfloat16)
@@ -57,6 +60,8 @@ def gpu_cases(bn):
     return {
         "gemv_w2a8 2560x2560, 1 token, out given":
             lambda: bn.gemv_w2a8(tw, x_q, s, out_dtype="bfloat16", out=y),
+        "gemv_w2a8 13824x2560, 8 tokens, out given (planned over 3 launch shapes)":
+            lambda: bn.gemv_w2a8(tw_ffn, x8_q, s8, out_dtype="bfloat16", out=y8),
         "quantize_a8 [1, 2560], outputs allocated": lambda: bn.quantize_a8(x),
         "rmsnorm [1, 2560], out given": lambda: bn.rmsnorm(x, norm_w, out=y),
         "attention decode 20/5 heads, L 4096, out and workspace given":

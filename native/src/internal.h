@@ -92,6 +92,12 @@ bitnet_status bn_cuda_memset(int32_t device, void *ptr, int32_t byte_value, int6
                              void *stream);
 bitnet_status bn_cuda_device_synchronize(int32_t device);
 bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count);
+/* Blocks of `kernel` (`threads` each, `shared_bytes` of dynamic shared memory) that one SM of the
+ * current device, `device`, holds at once; where shared_bytes is over the 48 KB default, the
+ * kernel's limit is raised to it first (never lowered). Remembered per (device, kernel, threads,
+ * shared_bytes), so that an eager launch planned by it does not query the runtime every time. */
+bitnet_status bn_cuda_kernel_occupancy(int32_t device, const void *kernel, int threads, size_t shared_bytes,
+                                       int *blocks);
 bitnet_status bn_cuda_stream_synchronize(void *stream);
 
 /* Each op adds its backend entry points below: bn_cpu_<op> and bn_cuda_<op>, with the public

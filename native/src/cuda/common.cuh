@@ -108,6 +108,12 @@ cudaError_t bn_launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 blo
     return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
+/* The GPU that a call plans its launches for: its index and its SM count. */
+struct BnGpu {
+    int32_t device;
+    int32_t sms;
+};
+
 /* How many clusters of `cluster` blocks of `kernel` (block threads, shared_bytes each) the current
  * device runs at once (0: it cannot place one). Over 8 blocks needs the kernel's
  * cudaFuncAttributeNonPortableClusterSizeAllowed. */

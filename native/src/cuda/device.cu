@@ -2,6 +2,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
 #include "common.cuh"
 
 bitnet_status bn_cuda_fail(cudaError_t err, const char *call, const char *file, int line) {
@@ -89,6 +94,34 @@ bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count) {
     int count = 0;
     BN_CUDA_TRY(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     *sm_count = count;
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_kernel_occupancy(int32_t device, const void *kernel, int threads, size_t shared_bytes,
+                                       int *blocks) {
+    using Key = std::tuple<int32_t, const void *, int, size_t>;
+    static std::mutex lock;
+    static std::map<Key, int> known;
+    /* The dynamic shared memory limit set per (device, kernel) only grows, so that a launch planned
+     * from an entry of `known` stays within it. */
+    static std::map<std::pair<int32_t, const void *>, size_t> limits;
+    std::lock_guard<std::mutex> guard(lock);
+    const Key key{device, kernel, threads, shared_bytes};
+    auto found = known.find(key);
+    if (found != known.end()) {
+        *blocks = found->second;
+        return BITNET_OK;
+    }
+    size_t &limit = limits[{device, kernel}];
+    if (shared_bytes > 48 * 1024 && shared_bytes > limit) {
+        BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(shared_bytes)));
+        limit = shared_bytes;
+    }
+    int resident = 0;
+    BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared_bytes));
+    known[key] = resident;
+    *blocks = resident;
     return BITNET_OK;
 }
 

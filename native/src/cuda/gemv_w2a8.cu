@@ -406,8 +406,8 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
 
 using GemvKernel = void (*)(GemvArgs);
 
-/* A launch shape: blocks of `threads`, and how many of them the GPU (`sms` SMs) holds at once (at
- * most blocks_per_sm per SM, fewer where the SM has room for fewer). */
+/* A launch shape: blocks of `threads`, and how many of them the GPU holds at once (at most
+ * blocks_per_sm per SM, fewer where the SM has room for fewer). */
 struct Launch {
     GemvKernel kernel;
     int threads;
@@ -415,15 +415,13 @@ struct Launch {
     int64_t resident_blocks;
 };
 
-bitnet_status plan(int sms, GemvKernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
+bitnet_status plan(const BnGpu &gpu, GemvKernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
                    Launch *out) {
-    if (shared_bytes > 48 * 1024)
-        BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shared_bytes)));
     int resident = 0;
-    BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared_bytes));
+    BN_TRY(bn_cuda_kernel_occupancy(gpu.device, reinterpret_cast<const void *>(kernel), threads,
+                                    shared_bytes, &resident));
     int64_t per_sm = resident < 1 ? 1 : resident < blocks_per_sm ? resident : blocks_per_sm;
-    *out = {kernel, threads, shared_bytes, (int64_t)sms * per_sm};
+    *out = {kernel, threads, shared_bytes, (int64_t)gpu.sms * per_sm};
     return BITNET_OK;
 }
 
@@ -437,9 +435,9 @@ bitnet_status launch(const Launch &l, int64_t work_blocks, const GemvArgs &a, cu
 }
 
 template <int NTILES, int WARPS, int RTILES = 1, int MIN_BLOCKS = 0>
-bitnet_status plan_mma(int sms, int blocks_per_sm, Launch *out) {
+bitnet_status plan_mma(const BnGpu &gpu, int blocks_per_sm, Launch *out) {
     const size_t partial_bytes = static_cast<size_t>(WARPS) * RTILES * NTILES * 128 * sizeof(int);
-    return plan(sms, gemv_tokens_mma<NTILES, WARPS, RTILES, MIN_BLOCKS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
+    return plan(gpu, gemv_tokens_mma<NTILES, WARPS, RTILES, MIN_BLOCKS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
 /* The launch for nt tokens (1, 8 or 16) and its blocks of work (tiles of rows), the same for every
@@ -461,46 +459,46 @@ struct TokensLaunch {
  *   7.4 -> 6.4 us.
  * - Where 5 warps take K in one step each (K = 2176 to 2560) and blocks of 2 tiles then fit in one
  *   round, a block takes 2 tiles at once: 13824x2560 6.36-6.47 -> 5.48-5.54 us. */
-bitnet_status plan_mma8(int sms, int64_t M, int64_t K, TokensLaunch *out) {
+bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, TokensLaunch *out) {
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-    BN_TRY((plan_mma<1, 8, 1, 1>(sms, kMmaBlocksPerSm, &out->launch)));
+    BN_TRY((plan_mma<1, 8, 1, 1>(gpu, kMmaBlocksPerSm, &out->launch)));
     if (out->work_blocks <= out->launch.resident_blocks) return BITNET_OK;
-    BN_TRY((plan_mma<1, 8>(sms, kMmaBlocksPerSm, &out->launch)));
+    BN_TRY((plan_mma<1, 8>(gpu, kMmaBlocksPerSm, &out->launch)));
     const int64_t quads = (K / 64 + 3) / 4;
     const int64_t steps = (quads + kWarps - 1) / kWarps;
     const int64_t fewest = (quads + steps - 1) / steps;
     if (out->work_blocks <= out->launch.resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
     if (fewest == 5 && steps == kStepsPerLoad) {
-        BN_TRY((plan_mma<1, 5, 2, kMmaSmallBlocksPerSm>(sms, kMmaSmallBlocksPerSm, &out->launch)));
+        BN_TRY((plan_mma<1, 5, 2, kMmaSmallBlocksPerSm>(gpu, kMmaSmallBlocksPerSm, &out->launch)));
         const int64_t pairs = (out->work_blocks + 1) / 2;
         if (pairs <= out->launch.resident_blocks) {
             out->work_blocks = pairs;
             return BITNET_OK;
         }
     }
-    return fewest == 5 ? plan_mma<1, 5>(sms, kMmaSmallBlocksPerSm, &out->launch)
-                       : plan_mma<1, 6>(sms, kMmaSmallBlocksPerSm, &out->launch);
+    return fewest == 5 ? plan_mma<1, 5>(gpu, kMmaSmallBlocksPerSm, &out->launch)
+                       : plan_mma<1, 6>(gpu, kMmaSmallBlocksPerSm, &out->launch);
 }
 
-bitnet_status plan_tokens(int sms, int nt, int64_t M, int64_t K, TokensLaunch *out) {
+bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, TokensLaunch *out) {
     if (nt == 1) {
         size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
         /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
          * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
          * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
         out->work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-        const int per_sm = out->work_blocks <= (int64_t)sms * kWarps ? 1 : kOneTokenBlocksPerSm;
+        const int per_sm = out->work_blocks <= (int64_t)gpu.sms * kWarps ? 1 : kOneTokenBlocksPerSm;
         const bool long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
         /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower. */
-        const bool rounds = out->work_blocks > (int64_t)sms * kWarps * per_sm;
+        const bool rounds = out->work_blocks > (int64_t)gpu.sms * kWarps * per_sm;
         GemvKernel kernel = long_rows ? (rounds ? gemv_one_token<kPrefetchSteps, true>
                                                 : gemv_one_token<kPrefetchSteps, false>)
                                       : (rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
-        return plan(sms, kernel, kThreads, per_sm, bytes, &out->launch);
+        return plan(gpu, kernel, kThreads, per_sm, bytes, &out->launch);
     }
-    if (nt == 8) return plan_mma8(sms, M, K, out);
+    if (nt == 8) return plan_mma8(gpu, M, K, out);
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-    return plan_mma<2, 8>(sms, kMmaBlocksPerSm, &out->launch);
+    return plan_mma<2, 8>(gpu, kMmaBlocksPerSm, &out->launch);
 }
 
 }  // namespace
@@ -526,7 +524,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         int64_t left = N - n0;
         int nt = left == 1 || major < 8 ? 1 : left <= 8 ? 8 : 16;
         TokensLaunch &l = launches[nt == 1 ? 0 : nt == 8 ? 1 : 2];
-        if (l.launch.kernel == nullptr) BN_TRY(plan_tokens(sms, nt, M, K, &l));
+        if (l.launch.kernel == nullptr) BN_TRY(plan_tokens({device, sms}, nt, M, K, &l));
         GemvArgs a;
         a.w = reinterpret_cast<const uint4 *>(w_packed);
         a.w_scales = w_scales;

@@ -452,7 +452,7 @@ bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p
  * gate_up: with cols % N == 0 its gate and up halves are as aligned as its start, so the shape is
  * the one bitnet_rmsnorm picks for the gate's output of the same alignment. */
 template <typename T, bool RESIDUAL, bool GATED, bool QUANT>
-bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
+bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
                             aligned(a.weight, 16) && aligned(a.y, 16) && aligned(a.y_q, N);
@@ -464,13 +464,13 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
     const bool in_registers = vectorized && a.eps > 0.0f;
     const bool warp_sized = in_registers && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
     /* With the residual's second stream of loads, a block per row was faster at every T. */
-    const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * sm_count;
+    const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * gpu.sms;
     if (warp_per_row) {
         kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     } else if (in_registers && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
-        const bool narrow = warp_sized && a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * sm_count;
+        const bool narrow = warp_sized && a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * gpu.sms;
         int v = narrow ? 2
                        : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
@@ -490,7 +490,7 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
                        GATED ? "bitnet_relu2_rmsnorm" : "bitnet_rmsnorm", GATED ? "F" : "H",
                        (long long)a.cols);
     /* Rows beyond the grid are taken by the blocks' row loops. */
-    const int64_t max_grid = (int64_t)sm_count * 64;
+    const int64_t max_grid = (int64_t)gpu.sms * 64;
     grid = grid < max_grid ? grid : max_grid;
 
     NormArgs args = a;
@@ -499,8 +499,9 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
          * each row's input 9/10 of the resident rows ahead helps at every T; the plain norm gains
          * from the first row's prefetch only where all its rows are resident at once. */
         int per_sm = 0;
-        BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)threads, 0));
-        const int64_t resident_rows = (int64_t)per_sm * sm_count * (warp_per_row ? WARP_ROWS_PER_BLOCK : 1);
+        BN_TRY(bn_cuda_kernel_occupancy(gpu.device, reinterpret_cast<const void *>(kernel), (int)threads, 0,
+                                        &per_sm));
+        const int64_t resident_rows = (int64_t)per_sm * gpu.sms * (warp_per_row ? WARP_ROWS_PER_BLOCK : 1);
         args.prefetch_first_row = QUANT || a.rows <= resident_rows;
         args.prefetch_ahead = QUANT ? resident_rows * 9 / 10 : 0;
     }
@@ -510,27 +511,27 @@ bitnet_status launch(const NormArgs &a, int sm_count, cudaStream_t stream) {
 
 /* Gated runs never have a residual: 6 of the 8 (RESIDUAL, GATED, QUANT) combinations exist. */
 template <typename T>
-bitnet_status launch_dtype(const NormArgs &a, bool gated, int sm_count, cudaStream_t stream) {
+bitnet_status launch_dtype(const NormArgs &a, bool gated, const BnGpu &gpu, cudaStream_t stream) {
     if (gated)
-        return a.y_q ? launch<T, false, true, true>(a, sm_count, stream)
-                     : launch<T, false, true, false>(a, sm_count, stream);
+        return a.y_q ? launch<T, false, true, true>(a, gpu, stream)
+                     : launch<T, false, true, false>(a, gpu, stream);
     if (a.residual)
-        return a.y_q ? launch<T, true, false, true>(a, sm_count, stream)
-                     : launch<T, true, false, false>(a, sm_count, stream);
-    return a.y_q ? launch<T, false, false, true>(a, sm_count, stream)
-                 : launch<T, false, false, false>(a, sm_count, stream);
+        return a.y_q ? launch<T, true, false, true>(a, gpu, stream)
+                     : launch<T, true, false, false>(a, gpu, stream);
+    return a.y_q ? launch<T, false, false, true>(a, gpu, stream)
+                 : launch<T, false, false, false>(a, gpu, stream);
 }
 
 /* Both entry points: x is gate_up [T, 2H] when gated (residual then NULL). */
 bitnet_status run(int32_t device, int32_t dtype, bool gated, const NormArgs &a, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    int32_t sm_count = 0;
-    BN_TRY(bn_cuda_sm_count(device, &sm_count));
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     switch (dtype) {
-    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gated, sm_count, bn_stream(stream));
-    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gated, sm_count, bn_stream(stream));
-    default: return launch_dtype<__nv_bfloat16>(a, gated, sm_count, bn_stream(stream));
+    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gated, gpu, bn_stream(stream));
+    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gated, gpu, bn_stream(stream));
+    default: return launch_dtype<__nv_bfloat16>(a, gated, gpu, bn_stream(stream));
     }
 }
 
