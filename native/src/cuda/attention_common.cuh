@@ -143,6 +143,11 @@ __device__ __forceinline__ void online_softmax_step(const float (&tile_max)[2], 
     }
 }
 
+/* An accumulator fragment's rows g (c[0], c[1]) and g + 8 (c[2], c[3]) times their rescale factors. */
+__device__ __forceinline__ void rescale_rows(float (&c)[4], const float (&rescale)[2]) {
+    c[0] *= rescale[0], c[1] *= rescale[0], c[2] *= rescale[1], c[3] *= rescale[1];
+}
+
 /* Whether a packed pair of T holds an inf or NaN (all exponent bits set in either half). */
 __device__ __forceinline__ bool pair_nonfinite(uint32_t pair, __nv_bfloat16) {
     return (pair & 0x7f80u) == 0x7f80u || (pair & 0x7f800000u) == 0x7f800000u;

@@ -456,10 +456,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         if constexpr (kLazy) {
             if (lazy_softmax_step(tile_max, m_run, l_run, base, rescale) && i > 0) { /* else o is zero */
 #pragma unroll
-                for (int dt = 0; dt < kDimTiles; dt++) {
-                    o[dt][0] *= rescale[0], o[dt][1] *= rescale[0];
-                    o[dt][2] *= rescale[1], o[dt][3] *= rescale[1];
-                }
+                for (int dt = 0; dt < kDimTiles; dt++) rescale_rows(o[dt], rescale);
             }
         } else {
             online_softmax_step(tile_max, m_run, l_run, base, rescale);
@@ -472,12 +469,9 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
             uint32_t vb[4];
             int row = key_row0 + lane % 8 + 8 * (lane / 8 % 2);
             ldmatrix_x4_trans(vb, &sm.v[stage][row][swizzle(row, 2 * dp + lane / 16)]);
-#pragma unroll
-            for (int half = 0; half < 2 && !kLazy; half++) { /* the lazy step rescaled o above */
-                o[2 * dp + half][0] *= rescale[0];
-                o[2 * dp + half][1] *= rescale[0];
-                o[2 * dp + half][2] *= rescale[1];
-                o[2 * dp + half][3] *= rescale[1];
+            if constexpr (!kLazy) { /* the lazy step rescaled o above */
+                rescale_rows(o[2 * dp], rescale);
+                rescale_rows(o[2 * dp + 1], rescale);
             }
             mma<T>(o[2 * dp], pf, vb[0], vb[1]);
             mma<T>(o[2 * dp + 1], pf, vb[2], vb[3]);

@@ -184,12 +184,7 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
             float rescale[2], base[2];
             online_softmax_step(tile_max, m_run[mi], l_run[mi], base, rescale);
 #pragma unroll
-            for (int dt = 0; dt < kDimTiles; dt++) {
-                o[mi][dt][0] *= rescale[0];
-                o[mi][dt][1] *= rescale[0];
-                o[mi][dt][2] *= rescale[1];
-                o[mi][dt][3] *= rescale[1];
-            }
+            for (int dt = 0; dt < kDimTiles; dt++) rescale_rows(o[mi][dt], rescale);
             /* P as A fragments: accumulator tiles 2kk and 2kk + 1 form the 16x16 A tile kk. */
 #pragma unroll
             for (int nt = 0; nt < kKeyTiles; nt++)
