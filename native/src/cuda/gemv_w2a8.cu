@@ -516,15 +516,16 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
     /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma); past 16 tokens launches repeat (and read
      * the weights again). The int8 tensor-core kernel needs sm_80; older GPUs take one token per
      * launch. */
-    int major = 0, sms = 0;
+    int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    BN_TRY(bn_cuda_sm_count(device, &sms));
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     TokensLaunch launches[3] = {}; /* for 1, 8 and 16 tokens, planned when first needed */
     for (int64_t n0 = 0; n0 < N;) {
         int64_t left = N - n0;
         int nt = left == 1 || major < 8 ? 1 : left <= 8 ? 8 : 16;
         TokensLaunch &l = launches[nt == 1 ? 0 : nt == 8 ? 1 : 2];
-        if (l.launch.kernel == nullptr) BN_TRY(plan_tokens({device, sms}, nt, M, K, &l));
+        if (l.launch.kernel == nullptr) BN_TRY(plan_tokens(gpu, nt, M, K, &l));
         GemvArgs a;
         a.w = reinterpret_cast<const uint4 *>(w_packed);
         a.w_scales = w_scales;
