@@ -92,12 +92,20 @@ bitnet_status bn_cuda_memset(int32_t device, void *ptr, int32_t byte_value, int6
                              void *stream);
 bitnet_status bn_cuda_device_synchronize(int32_t device);
 bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count);
-/* Blocks of `kernel` (`threads` each, `shared_bytes` of dynamic shared memory) that one SM of the
- * current device, `device`, holds at once; where shared_bytes is over the 48 KB default, the
- * kernel's limit is raised to it first (never lowered). Remembered per (device, kernel, threads,
- * shared_bytes), so that an eager launch planned by it does not query the runtime every time. */
+/* Occupancy of `kernel` (1-D blocks of `threads`, `shared_bytes` of dynamic shared memory) on the
+ * current device, `device`: the blocks one SM holds at once, or the clusters of `cluster` blocks
+ * the GPU runs at once (0: it cannot place one). Each first raises the kernel's dynamic shared
+ * memory limit to shared_bytes where that is over the 48 KB default (never lowers it), and a
+ * cluster over 8 blocks sets the kernel's non-portable cluster size attribute: a launch with the
+ * same shape finds both set. Remembered per (device, kernel, threads, shared_bytes, cluster), so
+ * that an eager launch does not query the runtime every time. */
 bitnet_status bn_cuda_kernel_occupancy(int32_t device, const void *kernel, int threads, size_t shared_bytes,
                                        int *blocks);
+bitnet_status bn_cuda_cluster_occupancy(int32_t device, const void *kernel, int cluster, int threads,
+                                        size_t shared_bytes, int *clusters);
+/* Raises `kernel`'s dynamic shared memory limit on `device` (current) to shared_bytes where
+ * needed, as above, for a kernel launched without an occupancy query. */
+bitnet_status bn_cuda_kernel_shared_memory(int32_t device, const void *kernel, size_t shared_bytes);
 bitnet_status bn_cuda_stream_synchronize(void *stream);
 
 /* Each op adds its backend entry points below: bn_cpu_<op> and bn_cuda_<op>, with the public

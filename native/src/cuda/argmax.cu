@@ -118,8 +118,8 @@ bitnet_status placeable_slices(int32_t device, int *slices) {
     int fit = MAX_SLICES;
     for (; fit > 1; fit /= 2) {
         int clusters = 0;
-        BN_TRY(bn_max_active_clusters_cached<argmax_kernel>(device, (unsigned)fit, dim3(THREADS), 0,
-                                                            &clusters));
+        BN_TRY(bn_cuda_cluster_occupancy(device, reinterpret_cast<const void *>(argmax_kernel), fit, THREADS,
+                                         0, &clusters));
         if (clusters > 0) break;
     }
     *slices = fit;

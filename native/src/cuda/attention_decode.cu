@@ -619,16 +619,14 @@ struct ClusterKernel {
     size_t shared_bytes;
 };
 
-/* The cluster kernel with STAGES tiles in flight: sets its attributes, which older GPUs refuse (its
- * shared memory is over sm_86's limit), and finds how many clusters of `size` blocks fit at once. */
+/* The cluster kernel with STAGES tiles in flight, and how many clusters of `size` blocks fit at once
+ * (which also sets its attributes; older GPUs would refuse them: its shared memory is over sm_86's
+ * limit). */
 template <typename T, int D, int STAGES>
 bitnet_status cluster_fit(int32_t device, int size, ClusterKernel<T> *cluster, int *fit) {
     *cluster = {decode_kernel<T, D, true, STAGES>, sizeof(DecodeShared<D, true, STAGES>)};
-    BN_CUDA_TRY(cudaFuncSetAttribute(cluster->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)cluster->shared_bytes));
-    BN_CUDA_TRY(cudaFuncSetAttribute(cluster->kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    return bn_max_active_clusters_cached<decode_kernel<T, D, true, STAGES>>(
-        device, (unsigned)size, dim3(kThreads), cluster->shared_bytes, fit);
+    return bn_cuda_cluster_occupancy(device, reinterpret_cast<const void *>(cluster->kernel), size, kThreads,
+                                     cluster->shared_bytes, fit);
 }
 
 template <typename T, int D>
@@ -706,7 +704,7 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
 
     auto kernel = decode_kernel<T, D, false, kSplitStages>;
     const size_t smem = sizeof(DecodeShared<D, false, kSplitStages>);
-    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), smem));
     const int64_t rows = B * Sq * Hq;
     float *partial_out = static_cast<float *>(workspace);
     float *partial_ml = partial_out ? partial_out + rows * num_splits * D : nullptr;

@@ -231,12 +231,12 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
 }
 
 template <typename T, int D, int ROW_TILES>
-bitnet_status launch_kernel(int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, const void *q,
+bitnet_status launch_kernel(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv, const void *q,
                             const void *k, const void *v, int64_t C, const int32_t *seq_lens,
                             int32_t causal, float scale, void *out, cudaStream_t stream) {
     const size_t smem = sizeof(PrefillShared<D, ROW_TILES>);
     auto kernel = prefill_kernel<T, D, ROW_TILES>;
-    BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), smem));
     dim3 grid((unsigned)Hq, bn_ceil_div(Sq, kBlockM<ROW_TILES>), (unsigned)B);
     kernel<<<grid, kThreads, smem, stream>>>(
         static_cast<const T *>(q), static_cast<const T *>(k), static_cast<const T *>(v), seq_lens,
@@ -257,8 +257,8 @@ bitnet_status launch_prefill(int32_t device, int64_t B, int64_t Sq, int64_t Hq, 
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t wide_blocks = Hq * bn_ceil_div(Sq, kBlockM<2>) * B;
     if (wide_blocks < 2LL * sms) /* then Sq is small enough for the narrow grid too */
-        return launch_kernel<T, D, 1>(B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
-    return launch_kernel<T, D, 2>(B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+        return launch_kernel<T, D, 1>(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+    return launch_kernel<T, D, 2>(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
 }
 
 } // namespace

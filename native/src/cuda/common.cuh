@@ -6,8 +6,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
-
 #include "../internal.h"
 
 bitnet_status bn_cuda_fail(cudaError_t err, const char *call, const char *file, int line);
@@ -113,39 +111,6 @@ struct BnGpu {
     int32_t device;
     int32_t sms;
 };
-
-/* How many clusters of `cluster` blocks of `kernel` (block threads, shared_bytes each) the current
- * device runs at once (0: it cannot place one). Over 8 blocks needs the kernel's
- * cudaFuncAttributeNonPortableClusterSizeAllowed. */
-template <typename... Params>
-cudaError_t bn_max_active_clusters(void (*kernel)(Params...), unsigned cluster, dim3 block,
-                                   size_t shared_bytes, int *clusters) {
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim = {cluster, 1, 1};
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(cluster);
-    config.blockDim = block;
-    config.dynamicSmemBytes = shared_bytes;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
-}
-
-/* bn_max_active_clusters of KERNEL, remembered per device and cluster size (up to 16): KERNEL
- * must run with the same `block` and `shared_bytes` on every call. */
-template <auto KERNEL>
-bitnet_status bn_max_active_clusters_cached(int32_t device, unsigned cluster, dim3 block,
-                                            size_t shared_bytes, int *clusters) {
-    constexpr int kCachedDevices = 64, kMaxCluster = 16;
-    static std::atomic<int> cache[kCachedDevices][kMaxCluster + 1] = {}; /* clusters + 1; 0: unknown */
-    const bool cached = device >= 0 && device < kCachedDevices && cluster <= (unsigned)kMaxCluster;
-    if (cached && (*clusters = cache[device][cluster].load(std::memory_order_relaxed) - 1) >= 0)
-        return BITNET_OK;
-    BN_CUDA_TRY(bn_max_active_clusters(KERNEL, cluster, block, shared_bytes, clusters));
-    if (cached) cache[device][cluster].store(*clusters + 1, std::memory_order_relaxed);
-    return BITNET_OK;
-}
 
 template <typename... Params, typename... Args>
 cudaError_t bn_launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,

@@ -97,32 +97,72 @@ bitnet_status bn_cuda_sm_count(int32_t device, int32_t *sm_count) {
     return BITNET_OK;
 }
 
-bitnet_status bn_cuda_kernel_occupancy(int32_t device, const void *kernel, int threads, size_t shared_bytes,
-                                       int *blocks) {
-    using Key = std::tuple<int32_t, const void *, int, size_t>;
-    static std::mutex lock;
-    static std::map<Key, int> known;
-    /* The dynamic shared memory limit set per (device, kernel) only grows, so that a launch planned
-     * from an entry of `known` stays within it. */
-    static std::map<std::pair<int32_t, const void *>, size_t> limits;
-    std::lock_guard<std::mutex> guard(lock);
-    const Key key{device, kernel, threads, shared_bytes};
-    auto found = known.find(key);
-    if (found != known.end()) {
-        *blocks = found->second;
-        return BITNET_OK;
-    }
-    size_t &limit = limits[{device, kernel}];
+namespace {
+/* The occupancy answers found so far, per (device, kernel, threads, shared bytes, cluster size; 0
+ * for blocks per SM), and the dynamic shared memory limit set per (device, kernel), which only
+ * grows, so that a launch planned from a remembered answer stays within it. */
+std::mutex occupancy_lock;
+std::map<std::tuple<int32_t, const void *, int, size_t, int>, int> occupancy_known;
+std::map<std::pair<int32_t, const void *>, size_t> shared_limits;
+
+/* With occupancy_lock held. */
+bitnet_status raise_shared_limit(int32_t device, const void *kernel, size_t shared_bytes) {
+    size_t &limit = shared_limits[{device, kernel}];
     if (shared_bytes > 48 * 1024 && shared_bytes > limit) {
         BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared_bytes)));
         limit = shared_bytes;
     }
-    int resident = 0;
-    BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, shared_bytes));
-    known[key] = resident;
-    *blocks = resident;
     return BITNET_OK;
+}
+
+/* Blocks per SM (cluster 0) or clusters of `cluster` blocks per GPU. */
+bitnet_status occupancy(int32_t device, const void *kernel, int threads, size_t shared_bytes, int cluster,
+                        int *count) {
+    std::lock_guard<std::mutex> guard(occupancy_lock);
+    const auto key = std::make_tuple(device, kernel, threads, shared_bytes, cluster);
+    auto found = occupancy_known.find(key);
+    if (found != occupancy_known.end()) {
+        *count = found->second;
+        return BITNET_OK;
+    }
+    BN_TRY(raise_shared_limit(device, kernel, shared_bytes));
+    int n = 0;
+    if (cluster == 0) {
+        BN_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, shared_bytes));
+    } else {
+        if (cluster > 8)
+            BN_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        cudaLaunchAttribute attribute = {};
+        attribute.id = cudaLaunchAttributeClusterDimension;
+        attribute.val.clusterDim = {(unsigned)cluster, 1, 1};
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3((unsigned)cluster);
+        config.blockDim = dim3((unsigned)threads);
+        config.dynamicSmemBytes = shared_bytes;
+        config.attrs = &attribute;
+        config.numAttrs = 1;
+        BN_CUDA_TRY(cudaOccupancyMaxActiveClusters(&n, kernel, &config));
+    }
+    occupancy_known[key] = n;
+    *count = n;
+    return BITNET_OK;
+}
+} // namespace
+
+bitnet_status bn_cuda_kernel_occupancy(int32_t device, const void *kernel, int threads, size_t shared_bytes,
+                                       int *blocks) {
+    return occupancy(device, kernel, threads, shared_bytes, 0, blocks);
+}
+
+bitnet_status bn_cuda_cluster_occupancy(int32_t device, const void *kernel, int cluster, int threads,
+                                        size_t shared_bytes, int *clusters) {
+    return occupancy(device, kernel, threads, shared_bytes, cluster, clusters);
+}
+
+bitnet_status bn_cuda_kernel_shared_memory(int32_t device, const void *kernel, size_t shared_bytes) {
+    std::lock_guard<std::mutex> guard(occupancy_lock);
+    return raise_shared_limit(device, kernel, shared_bytes);
 }
 
 bitnet_status bn_cuda_pointer_device(const void *ptr, int32_t *device) {
