@@ -1,7 +1,7 @@
 """The tools keep working: tools/gpu_sanitize.sh names test functions (one stale name makes pytest
 collect nothing, so the sanitizer would check nothing), tools/bench_host.py runs on the CPU,
 tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's, and
-tools/kernel_code_diff.py tells a changed kernel from an unchanged one."""
+tools/kernel_code_diff.py tells a changed kernel from an unchanged one, and the CUDA probes build."""
 import os
 import re
 import shutil
@@ -84,3 +84,15 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
         assert run.returncode == code, run.stdout + run.stderr
         lines = run.stdout.splitlines()
         assert len(lines) == 1 and lines[0].startswith(verdict) and "add_int32_kernel" in lines[0], run.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA probes in tools/ need nvcc")
+@pytest.mark.parametrize("probe", ["read_floor.cu", "cluster_fit.cu"])
+def test_cuda_probes_compile(probe, tmp_path):
+    """The standalone probes that BENCHMARKS.md cites build with the line in their header (they run
+    only on a GPU machine)."""
+    without_sanitizers = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    run = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "probe"), str(REPO / "tools" / probe)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (tmp_path / "probe").stat().st_size > 0

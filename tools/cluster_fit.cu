@@ -9,21 +9,14 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda_check.h"
+
 constexpr int kThreads = 128, kSharedBytes = 200 << 10;
 
 __global__ void one_block_per_sm(int *sink) {
     extern __shared__ int shared[];
     if (sink) sink[0] = shared[threadIdx.x];
 }
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e = (call);                                                                    \
-        if (e != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));                             \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
 
 int main() {
     CHECK(cudaFuncSetAttribute(one_block_per_sm, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));

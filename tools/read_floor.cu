@@ -17,16 +17,9 @@
 
 #include <cuda_runtime.h>
 
-constexpr int kLoadsInFlight = 8;
+#include "cuda_check.h"
 
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        cudaError_t e = (call);                                                                    \
-        if (e != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));                             \
-            return 1;                                                                              \
-        }                                                                                          \
-    } while (0)
+constexpr int kLoadsInFlight = 8;
 
 /* Reads src[0, n) once and, where dst is not null, writes dst[0, n / 2), each store the XOR of two
  * loaded vectors; *sink is written only if the data hashes to a value it never does, so the loads
