@@ -15,6 +15,12 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cpu
 
 
+def without_sanitizers():
+    """The environment for nvcc, which never loads the library and is not built for the sanitizers
+    that make asan-test preloads."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def test_every_test_that_gpu_sanitize_runs_exists():
     script = (REPO / "tools" / "gpu_sanitize.sh").read_text()
     ids = re.findall(r"tests/test_\w+\.py::\w+(?:\[[^\]]*\])?", script)
@@ -73,14 +79,12 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
     if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(source)], cwd=REPO).returncode != 0:
         pytest.skip("add_int32.cu has uncommitted changes")
     changed = text.replace("(uint32_t)x[i] + (uint32_t)delta", "(uint32_t)x[i] - (uint32_t)delta")
-    # The tool never loads the library; nvcc is not built for the sanitizers that make asan-test preloads.
-    without_sanitizers = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     assert changed != text
     for name, body, code, verdict in [("same.cu", text, 0, "same"), ("changed.cu", changed, 1, "differs")]:
         (tmp_path / name).write_text(body)
         run = subprocess.run([sys.executable, str(REPO / "tools" / "kernel_code_diff.py"), str(source),
                               "--with", str(tmp_path / name)], cwd=REPO, capture_output=True, text=True,
-                             timeout=300, env=without_sanitizers)
+                             timeout=300, env=without_sanitizers())
         assert run.returncode == code, run.stdout + run.stderr
         lines = run.stdout.splitlines()
         assert len(lines) == 1 and lines[0].startswith(verdict) and "add_int32_kernel" in lines[0], run.stdout
@@ -91,8 +95,7 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
 def test_cuda_probes_compile(probe, tmp_path):
     """The standalone probes that BENCHMARKS.md cites build with the line in their header (they run
     only on a GPU machine)."""
-    without_sanitizers = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     run = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "probe"), str(REPO / "tools" / probe)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers)
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers())
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "probe").stat().st_size > 0

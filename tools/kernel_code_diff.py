@@ -2,9 +2,9 @@
 
     python tools/kernel_code_diff.py native/src/cuda/gemv_w2a8.cu [--ref HEAD] [--with FILE] [--arch 90]
 
-Compiles the file as it is at git revision REF and as it is in the working tree (or FILE, a variant
-kept elsewhere) to cubins with nvcc, and compares the bytes of each kernel's code (its ELF .text
-section). A kernel printed "same" runs exactly as before, so a refactor that leaves every kernel the
+Compiles the file as it is at git revision REF (with REF's headers: its native/ tree) and as it is
+in the working tree (or FILE, a variant kept elsewhere, with the tree's headers) to cubins with
+nvcc, and compares the bytes of each kernel's code (its ELF .text section). A kernel printed "same" runs exactly as before, so a refactor that leaves every kernel the
 same needs no GPU A/B; one that does not is timed (docs/developing.md). Exits 1 if any differs.
 """
 import argparse
@@ -36,11 +36,12 @@ def text_sections(cubin):
     return sections
 
 
-def compile_cubin(source, cubin, arch):
-    """The Makefile's device-code flags (its NVCCFLAGS and CPPFLAGS), for one architecture."""
+def compile_cubin(source, root, cubin, arch):
+    """The Makefile's device-code flags (its NVCCFLAGS and CPPFLAGS), for one architecture, with the
+    headers of the checkout at `root`."""
     subprocess.run(["nvcc", "-O3", "-std=c++17", f"-arch=sm_{arch}", "--expt-relaxed-constexpr",
-                    "-DBITNET_HAVE_CUDA", f"-I{REPO / 'native/include'}", f"-I{REPO / 'native/src'}",
-                    f"-I{REPO / 'native/src/cuda'}", "-cubin", str(source), "-o", str(cubin)], check=True)
+                    "-DBITNET_HAVE_CUDA", f"-I{root / 'native/include'}", f"-I{root / 'native/src'}",
+                    f"-I{root / 'native/src/cuda'}", "-cubin", str(source), "-o", str(cubin)], check=True)
 
 
 def main():
@@ -53,11 +54,11 @@ def main():
     relative = Path(args.source).resolve().relative_to(REPO).as_posix()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        before = tmp / Path(relative).name
-        before.write_bytes(subprocess.run(["git", "show", f"{args.ref}:{relative}"], cwd=REPO,
-                                          capture_output=True, check=True).stdout)
-        compile_cubin(before, tmp / "before.cubin", args.arch)
-        compile_cubin(Path(args.other or REPO / relative), tmp / "after.cubin", args.arch)
+        archive = subprocess.run(["git", "archive", args.ref, "native"], cwd=REPO, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        compile_cubin(tmp / relative, tmp, tmp / "before.cubin", args.arch)
+        compile_cubin(Path(args.other or REPO / relative), REPO, tmp / "after.cubin", args.arch)
         old, new = text_sections(tmp / "before.cubin"), text_sections(tmp / "after.cubin")
     changed = False
     for kernel in sorted(set(old) | set(new)):
