@@ -1,7 +1,10 @@
 """The tools keep working: tools/gpu_sanitize.sh names test functions (one stale name makes pytest
 collect nothing, so the sanitizer would check nothing), tools/bench_host.py runs on the CPU,
-tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's, and
-tools/kernel_code_diff.py tells a changed kernel from an unchanged one, and the CUDA probes build."""
+tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's,
+tools/kernel_code_diff.py tells a changed kernel from an unchanged one, the CUDA probes build,
+tools/decode_timeline.py instruments the decode kernel and reads its stamps, and the A/B table of
+tools/report.py (tools/ab_variants.sh) compares variants' rounds."""
+import argparse
 import os
 import re
 import shutil
@@ -9,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,3 +103,96 @@ def test_cuda_probes_compile(probe, tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers())
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "probe").stat().st_size > 0
+
+
+def import_tool(name):
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+
+
+def test_decode_timeline_finds_every_place_it_stamps():
+    """Each edit applies exactly once to the committed attention_decode.cu; a kernel change that
+    moves one of those lines fails here, naming it, rather than on the GPU machine."""
+    timeline = import_tool("decode_timeline")
+    text = timeline.SOURCE.read_text()
+    stamped = timeline.instrument(text)
+    for _, old, new in timeline.EDITS:
+        assert stamped.count(new) == 1
+    assert stamped.endswith(timeline.EXPORTS)
+    with pytest.raises(SystemExit, match="the PDL wait"):
+        timeline.instrument(text.replace("bn_pdl_wait(); /* q,", "bn_pdl_wait(); /*"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="building the stamped decode kernel needs nvcc")
+def test_decode_timeline_copy_compiles(tmp_path):
+    timeline = import_tool("decode_timeline")
+    copy = tmp_path / "attention_decode.cu"
+    copy.write_text(timeline.instrument(timeline.SOURCE.read_text()))
+    run = subprocess.run(["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
+                          "--expt-relaxed-constexpr", "-Inative/include", "-Inative/src",
+                          "-Inative/src/cuda", "-DBITNET_HAVE_CUDA", "-c", str(copy), "-o",
+                          str(tmp_path / "timeline.o")],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=without_sanitizers())
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_decode_timeline_reads_a_steady_state():
+    """Synthetic records of 2 replays of 50 calls, 6000 ns apart, 5 clusters of 16 blocks whose
+    stamps sit at known offsets from the previous call's last store; clusters 0 and 1 start before
+    it. Shuffled, they come back as those offsets: the earliest start and the latest other stamps."""
+    timeline = import_tool("decode_timeline")
+    calls, clusters, blocks, period, base = timeline.CALLS, 5, 16, 6000, 1_700_000_000_000_000_000
+    offsets = [None, 700, 2600, 3300, 3900, 4500, 5000, 5450, 5750, period]
+    rng = np.random.default_rng(0)
+    replays = []
+    for replay in range(2):
+        records = np.zeros(calls * clusters * blocks, timeline.RECORD)
+        for n in range(calls):
+            previous_end = base + replay * 10**9 + n * period
+            for c in range(clusters):
+                for k in range(blocks):
+                    r = records[(n * clusters + c) * blocks + k]
+                    start = -2400 if c < 2 else 130
+                    r["t"] = [previous_end + start + k] + [previous_end + o - (k if i == 9 else 15 - k)
+                                                          for i, o in enumerate(offsets) if i > 0]
+                    r["by"], r["bx"], r["out"] = c, k, 4096 + 64 * (n % 49)
+        if replay == 1:  # a split with one tile stamps no tile 1 or 2
+            records["t"][:, 3:5] = 0
+        replays.append(records[rng.permutation(len(records))])
+    found, periods, early = timeline.timeline(replays, clusters * blocks, clusters)
+    assert (periods == period).all() and len(periods) == 2 * (calls - 8)
+    assert early.tolist() == [2 * (calls - 7)] * 2 + [0] * 3
+    assert found["early"].shape == (2 * 2 * (calls - 7), 10) and found["late"].shape == (2 * 3 * (calls - 7), 10)
+    for kind, start in (("early", -2400), ("late", 130)):
+        assert found[kind][:, 0].tolist() == [start] * len(found[kind])
+        assert np.nanmedian(found[kind][:, 1:], axis=0).tolist() == offsets[1:]
+        assert np.isnan(found[kind][:, 3:5]).sum() == len(found[kind])  # replay 1's rows
+    table = timeline.markdown(4096, found, periods, early)
+    assert "| tile 0 in shared memory | 2600 [2600, 2600] | 2600 [2600, 2600] |" in table, table
+    assert "6000 ns between calls" in table and "started early in 86, 86, 0, 0, 0" in table, table
+
+
+def test_ab_table_compares_rounds_of_variants():
+    report = import_tool("report")
+    rounds = [("main", [5.95, 35.2]), ("lazy", [6.10, 35.0]), ("main", [6.01, 34.9]), ("lazy", [6.02, 35.4])]
+    named = [(name, {"tool": "attention", "results": [
+        {"kind": "decode", "B": 1, "L": 4096, "us": us[0]}, {"kind": "decode", "B": 8, "L": 4096, "us": us[1]}]})
+        for name, us in rounds]
+    assert report.ab_markdown(named).splitlines() == [
+        "| variant | B1 L4096 | B8 L4096 |", "| --- | --- | --- |",
+        "| main (2 rounds) | 5.95-6.01 | 34.90-35.20 |", "| lazy (2 rounds) | 6.02-6.10 | 35.00-35.40 |"]
+    gemv = {"tool": "gemv", "rows": [{"op": "gemv_w2a8", "M": 2560, "K": 6912, "N": 1, "us": 3.25},
+                                     {"op": "quantize_a8 f32 [16384, 4096]", "us": 40.0}]}
+    assert report.ab_markdown([("main", gemv)]).splitlines()[0] == (
+        "| variant | 2560×6912 N1 | quantize_a8 f32 [16384, 4096] |")
+
+
+def test_bench_attention_decode_cases_option():
+    bench = import_tool("bench_attention")
+    assert bench.decode_cases("1x4096,8x32768") == [(1, 4096), (8, 32768)]
+    for bad in ("", "1x", "4096", "1x2x3", "0x4096", "a,b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.decode_cases(bad)

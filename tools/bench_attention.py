@@ -8,6 +8,9 @@ of `--calls` calls, rotating through input sets totalling >= 512 MiB so L2 (50 M
 
     python tools/bench_attention.py [--json results.json] [--quick]
 
+For A/B runs of kernel variants (tools/ab_variants.sh): --no-torch times our calls alone (torch SDPA
+still checks the first call's output), --decode-cases picks the decode cases, e.g. 1x4096,8x4096.
+
 CPU (--cpu): the same heads, causal, bf16 and float32, on every CPU SIMD path this machine runs,
 side by side with a float32 numpy implementation (einsum, softmax); GB/s counts the K and V bytes
 (each row once), against a numpy sum over 1 GiB measured in the same run, and GFLOP/s counts
@@ -32,7 +35,7 @@ DECODE_CASES = [(1, 1024), (1, 4096), (1, 32768), (8, 4096), (8, 32768), (1, 131
 PREFILL_CASES = [1024, 4096, 16384]
 
 
-def bench_decode(B, L, calls, read_bw):
+def bench_decode(B, L, calls, read_bw, with_torch=True):
     import torch
     import torch.nn.functional as F
     kv_bytes = 2 * B * L * HKV * D * 2
@@ -61,14 +64,17 @@ def bench_decode(B, L, calls, read_bw):
     ref = F.scaled_dot_product_attention(*theirs[0], enable_gqa=True).transpose(1, 2)
     err = (ours[0][3].float() - ref.float()).abs().max().item()
     us_ours = graph_time_us(run_ours, n_sets, calls)
-    us_torch = graph_time_us(run_torch, n_sets, calls)
-    gbps_ours, gbps_torch = kv_bytes / us_ours / 1e3, kv_bytes / us_torch / 1e3
-    return dict(kind="decode", B=B, L=L, us=us_ours, gbps=gbps_ours, pct_read_bw=100 * gbps_ours / read_bw,
-                torch_us=us_torch, torch_gbps=gbps_torch, torch_pct_read_bw=100 * gbps_torch / read_bw,
-                max_abs_diff_vs_torch=err)
+    gbps_ours = kv_bytes / us_ours / 1e3
+    result = dict(kind="decode", B=B, L=L, us=us_ours, gbps=gbps_ours, pct_read_bw=100 * gbps_ours / read_bw,
+                  max_abs_diff_vs_torch=err)
+    if with_torch:
+        us_torch = graph_time_us(run_torch, n_sets, calls)
+        gbps_torch = kv_bytes / us_torch / 1e3
+        result.update(torch_us=us_torch, torch_gbps=gbps_torch, torch_pct_read_bw=100 * gbps_torch / read_bw)
+    return result
 
 
-def bench_prefill(L, calls):
+def bench_prefill(L, calls, with_torch=True):
     import torch
     import torch.nn.functional as F
     set_bytes = L * (HQ + 2 * HKV) * D * 2
@@ -95,9 +101,11 @@ def bench_prefill(L, calls):
     err = (ours[0][3].float() - ref.float()).abs().max().item()
     flops = 2 * L * L * D * HQ
     us_ours = graph_time_us(run_ours, n_sets, calls)
-    us_torch = graph_time_us(run_torch, n_sets, calls)
-    return dict(kind="prefill", B=1, L=L, us=us_ours, tflops=flops / us_ours / 1e6, torch_us=us_torch,
-                torch_tflops=flops / us_torch / 1e6, max_abs_diff_vs_torch=err)
+    result = dict(kind="prefill", B=1, L=L, us=us_ours, tflops=flops / us_ours / 1e6, max_abs_diff_vs_torch=err)
+    if with_torch:
+        us_torch = graph_time_us(run_torch, n_sets, calls)
+        result.update(torch_us=us_torch, torch_tflops=flops / us_torch / 1e6)
+    return result
 
 
 CPU_CASES = [(1, 1, 4096), (8, 1, 4096), (1, 1, 32768), (1, 512, 512)]  # (B, Sq, L)
@@ -162,19 +170,30 @@ def run_gpu(args):
     name = torch.cuda.get_device_name()
     read_bw = read_bandwidth_gbps()
     results = []
-    for B, L in DECODE_CASES if args.only != "prefill" else []:
+    for B, L in (args.decode_cases or DECODE_CASES) if args.only != "prefill" else []:
         if args.quick and B * L > 8 * 32768 // 2:
             continue
-        results.append(bench_decode(B, L, args.calls, read_bw))
+        results.append(bench_decode(B, L, args.calls, read_bw, not args.no_torch))
         torch.cuda.empty_cache()
     for L in PREFILL_CASES if args.only != "decode" else []:
         if args.quick and L > 4096:
             continue
-        results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024))))
+        results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024)), not args.no_torch))
         torch.cuda.empty_cache()
 
     return dict(tool="attention", device=name, torch=torch.__version__,
                 read_bandwidth_gbps=read_bw, results=results)
+
+
+def decode_cases(text):
+    """'1x4096,8x4096' -> [(1, 4096), (8, 4096)]."""
+    try:
+        cases = [tuple(int(n) for n in case.split("x")) for case in text.split(",")]
+    except ValueError:
+        cases = []
+    if not cases or any(len(case) != 2 or min(case) < 1 for case in cases):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected cases like 1x4096,8x4096")
+    return cases
 
 
 def main():
@@ -184,6 +203,9 @@ def main():
     parser.add_argument("--calls", type=int, default=50, help="GPU: calls per CUDA graph")
     parser.add_argument("--quick", action="store_true", help="GPU: skip the largest cases")
     parser.add_argument("--only", choices=("decode", "prefill"), help="GPU: run one kind of case")
+    parser.add_argument("--no-torch", action="store_true", help="GPU: time our calls only")
+    parser.add_argument("--decode-cases", type=decode_cases, metavar="BxL,...",
+                        help="GPU: these decode cases instead of the default ones")
     args = parser.parse_args()
     result = run_cpu() if args.cpu else run_gpu(args)
     print(attention_markdown(result))

@@ -2,6 +2,7 @@
 (python -m bitnet_ffi demo --json) into the markdown tables of BENCHMARKS.md and PNG charts.
 
     python tools/report.py RESULT.json ... [--charts DIR] [--title "H100, 2026-11-22, abc1234"]
+    python tools/report.py --ab NAME=RESULT.json ...   # A/B rounds of variants (tools/ab_variants.sh)
 
 Each chart puts ours beside torch's figures of the same run and, for the W2A8 GEMV, beside
 Microsoft's (ANCHORS.md); bandwidth is shown as a share of the read bandwidth measured in the run.
@@ -94,16 +95,45 @@ def attention_markdown(result):
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["results"]:
         if r["kind"] == "decode":
+            torch_cells = (f"{r['torch_us']:.2f} | {r['torch_gbps']:.0f} | {r['torch_pct_read_bw']:.0f}%"
+                           if "torch_us" in r else "- | - | -")
             lines.append(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | "
-                         f"{r['pct_read_bw']:.0f}% | {r['torch_us']:.2f} | {r['torch_gbps']:.0f} | "
-                         f"{r['torch_pct_read_bw']:.0f}% | {r['max_abs_diff_vs_torch']:.3g} |")
+                         f"{r['pct_read_bw']:.0f}% | {torch_cells} | {r['max_abs_diff_vs_torch']:.3g} |")
     lines += ["", "Causal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)", "",
               "| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |",
               "| --- | --- | --- | --- | --- | --- |"]
     for r in result["results"]:
         if r["kind"] == "prefill":
-            lines.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {r['torch_us']:.1f} | "
-                         f"{r['torch_tflops']:.0f} | {r['max_abs_diff_vs_torch']:.3g} |")
+            torch_cells = f"{r['torch_us']:.1f} | {r['torch_tflops']:.0f}" if "torch_us" in r else "- | -"
+            lines.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {torch_cells} | "
+                         f"{r['max_abs_diff_vs_torch']:.3g} |")
+    return "\n".join(lines)
+
+
+def case_label(r):
+    """A timed case's column heading in A/B tables: 'B1 L4096' (decode attention), 'prefill B1
+    L4096', '2560×2560 N1' (GEMV), else the row's op."""
+    if "L" in r:
+        return f"{r['kind'] + ' ' if r['kind'] != 'decode' else ''}B{r['B']} L{r['L']}"
+    if "M" in r:
+        return f"{r['M']}×{r['K']} N{r['N']}"
+    return r["op"]
+
+
+def ab_markdown(named_results):
+    """Variants' rounds side by side: µs, min-max over the rounds of each variant, one row per
+    variant (in order of first appearance), one column per case. named_results: [(variant, the
+    JSON of one timing run of bench_attention.py or bench_gemv.py)], several runs per variant."""
+    rounds = {}
+    for name, result in named_results:
+        for r in result.get("results", result.get("rows", [])):
+            if "us" in r:
+                rounds.setdefault(name, {}).setdefault(case_label(r), []).append(r["us"])
+    cases = list(next(iter(rounds.values())))
+    lines = ["| variant | " + " | ".join(cases) + " |", "| --- |" + " --- |" * len(cases)]
+    for name, by_case in rounds.items():
+        cells = [f"{min(by_case[c]):.2f}-{max(by_case[c]):.2f}" if c in by_case else "-" for c in cases]
+        lines.append(f"| {name} ({len(by_case[cases[0]])} rounds) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -176,7 +206,7 @@ def attention_chart(result, directory):
     decode = [r for r in result["results"] if r["kind"] == "decode"]
     labels = [f"B={r['B']} L={r['L']}" for r in decode]
     series = {"bitnet-ffi": [r["pct_read_bw"] for r in decode],
-              "torch SDPA": [r["torch_pct_read_bw"] for r in decode]}
+              "torch SDPA": [r.get("torch_pct_read_bw") for r in decode]}
     return bars(os.path.join(directory, "attention_decode.png"),
                 f"Decode attention, 20/5 heads, d=128 ({result['device']})", labels, series,
                 "% of measured read bandwidth (K, V)")
@@ -197,9 +227,15 @@ CHARTS = {"gemv": gemv_chart, "rmsnorm": rmsnorm_chart, "attention": attention_c
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="JSON files from the benchmarks and the demo")
+    parser.add_argument("--ab", action="store_true",
+                        help="the results are NAME=PATH, rounds of variants: one min-max table")
     parser.add_argument("--charts", help="write PNG charts into this folder")
     parser.add_argument("--title", help="a heading for the section (GPU, date, commit)")
     args = parser.parse_args()
+    if args.ab:
+        named = [item.split("=", 1) for item in args.results]
+        print(ab_markdown([(name, json.load(open(path))) for name, path in named]))
+        return
     results = [json.load(open(path)) for path in args.results]
     demos = sorted((r for r in results if r["tool"] == "demo"), key=lambda r: r["batch"])
     if args.charts:
