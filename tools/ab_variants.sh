@@ -51,9 +51,11 @@ done
 
 if [ -n "${AB_TESTS:-}" ]; then
     for name in "${names[@]:1}"; do
-        BITNET_LIB=/tmp/ab/$name/build/libbitnet.so BITNET_STRICT_MODE=1 \
-            python3 -m pytest -q -p no:cacheprovider $AB_TESTS > "$out/tests-$name.log" 2>&1
-        echo "tests on $name: $(tail -1 "$out/tests-$name.log")"
+        # eval, so that quotes inside AB_TESTS (-m "gpu or gpu_smoke") group as in a shell
+        (export BITNET_LIB=/tmp/ab/$name/build/libbitnet.so BITNET_STRICT_MODE=1
+         eval "python3 -m pytest -q -p no:cacheprovider $AB_TESTS") > "$out/tests-$name.log" 2>&1
+        status=$?
+        echo "tests on $name (exit $status): $(tail -1 "$out/tests-$name.log")"
     done
 fi
 
