@@ -223,7 +223,9 @@ def main():
         "lengths", nargs="*", type=int, default=[4096, 1024])
     args = parser.parse_args()
     if args.command == "instrument":
-        Path(args.path).write_text(instrument(SOURCE.read_text()))
+        path = Path(args.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(instrument(SOURCE.read_text()))
     else:
         run(args.lengths)
 
