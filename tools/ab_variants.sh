@@ -18,7 +18,7 @@ if [ $# -lt 2 ] || [ ! -f "$1" ]; then
     echo "usage: tools/ab_variants.sh SOURCE ROUNDS VARIANT.cu ..." >&2
     exit 2
 fi
-source=$1 rounds=$2
+source_file=$1 rounds=$2
 shift 2
 out=${OUT:-gpu-logs}/ab
 time_cmd=${AB_TIME:-python3 tools/bench_attention.py --only decode --no-torch \
@@ -28,7 +28,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,serial --format=csv,noheader
 make -j16 CUDA_ARCHS=90 > "$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 
-names=(main) files=("$source")
+names=(main) files=("$source_file")
 for file in "$@"; do
     name=$(basename "${file%.*}")
     if [ ! -f "$file" ] || [[ " ${names[*]} " == *" $name "* ]]; then
@@ -41,7 +41,7 @@ pids=()
 for i in "${!names[@]}"; do
     dir=/tmp/ab/${names[$i]}
     rm -rf "$dir" && mkdir -p "$dir" && cp -a Makefile native build "$dir/"
-    cp "${files[$i]}" "$dir/$source" && touch "$dir/$source"
+    cp "${files[$i]}" "$dir/$source_file" && touch "$dir/$source_file"
     (cd "$dir" && make -j16 CUDA_ARCHS=90 > build.log 2>&1) &
     pids+=($!)
 done
