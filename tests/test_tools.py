@@ -25,6 +25,15 @@ def without_sanitizers():
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
+def import_tool(name):
+    """A module of tools/, imported as the tools import each other (tools/ first on the path)."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+
+
 def test_every_test_that_gpu_sanitize_runs_exists():
     script = (REPO / "tools" / "gpu_sanitize.sh").read_text()
     ids = re.findall(r"tests/test_\w+\.py::\w+(?:\[[^\]]*\])?", script)
@@ -58,11 +67,7 @@ def test_bench_host_compares_with_a_baseline_package_on_the_cpu():
 def test_bench_gemv_sums_the_2b4t_projections_timed_alone():
     """ANCHORS.md's 30.3 µs for Microsoft is its four batch-1 cold times added up; the benchmark
     adds ours the same way, from the same run's rows, and only when all four are there."""
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        import bench_gemv
-    finally:
-        sys.path.remove(str(REPO / "tools"))
+    bench_gemv = import_tool("bench_gemv")
     times = [2.25, 1.75, 4.5, 3.25]
     rows = [{"op": "gemv_w2a8", "M": M, "K": K, "N": 1, "us": us}
             for (M, K), us in zip(bench_gemv.PROJECTIONS_2B4T, times)]
@@ -103,14 +108,6 @@ def test_cuda_probes_compile(probe, tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers())
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "probe").stat().st_size > 0
-
-
-def import_tool(name):
-    sys.path.insert(0, str(REPO / "tools"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(REPO / "tools"))
 
 
 def test_decode_timeline_finds_every_place_it_stamps():

@@ -18,10 +18,11 @@ import argparse
 import ctypes
 import math
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
+
+from gpu_bench import graph_time_us
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "native" / "src" / "cuda" / "attention_decode.cu"
@@ -181,8 +182,6 @@ def markdown(L, offsets, periods, early):
 def run(lengths):
     import torch
     import bitnet_ffi
-    sys.path.insert(0, str(REPO / "tools"))
-    from gpu_bench import graph_time_us
     lib = ctypes.CDLL(os.environ["BITNET_LIB"])
     buffer, count = np.zeros(CAPACITY, RECORD), ctypes.c_uint(0)
     for L in lengths:
