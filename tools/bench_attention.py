@@ -35,19 +35,28 @@ DECODE_CASES = [(1, 1024), (1, 4096), (1, 32768), (8, 4096), (8, 32768), (1, 131
 PREFILL_CASES = [1024, 4096, 16384]
 
 
-def bench_decode(B, L, calls, read_bw, with_torch=True):
+def decode_inputs(B, L):
+    """Sets of (q, k, v, out) for one new token per sequence over a full cache of L (bf16, our
+    layout), enough of them that their K and V total ROTATE_BYTES: rotated, every call is L2-cold."""
     import torch
-    import torch.nn.functional as F
-    kv_bytes = 2 * B * L * HKV * D * 2
-    n_sets = max(1, math.ceil(ROTATE_BYTES / kv_bytes))
-    ours, theirs = [], []
+    n_sets = max(1, math.ceil(ROTATE_BYTES / (2 * B * L * HKV * D * 2)))
+    sets = []
     for _ in range(n_sets):
         q = torch.randn(B, 1, HQ, D, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(B, L, HKV, D, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        ours.append((q, k, v, torch.empty_like(q)))
-        # torch's own layout [B, H, S, D], contiguous
-        theirs.append(tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)))
+        sets.append((q, k, v, torch.empty_like(q)))
+    return sets
+
+
+def bench_decode(B, L, calls, read_bw, with_torch=True):
+    import torch
+    import torch.nn.functional as F
+    kv_bytes = 2 * B * L * HKV * D * 2
+    ours = decode_inputs(B, L)
+    n_sets = len(ours)
+    # torch's own layout [B, H, S, D], contiguous
+    theirs = [tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)) for q, k, v, _ in ours]
     ws = torch.empty(bitnet_ffi.attention_workspace_size(0, B, 1, HQ, HKV, D, L), dtype=torch.uint8,
                      device="cuda")
     out_t = torch.empty(B, HQ, 1, D, dtype=torch.bfloat16, device="cuda")

@@ -16,7 +16,6 @@ that store. The stamps cost about 0.5 µs per call at L = 4096 (H100, 2026-11-25
 """
 import argparse
 import ctypes
-import math
 import os
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from gpu_bench import graph_time_us
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "native" / "src" / "cuda" / "attention_decode.cu"
-HQ, HKV, D = 20, 5, 128
 CALLS, REPLAYS, CAPACITY = 50, 5, 1 << 16
 STAMPS = ["block started", "PDL wait returned", "tile 0 in shared memory", "tile 1", "tile 2",
           "last tile", "key loop done", "combined and pushed", "every partial landed",
@@ -182,16 +180,16 @@ def markdown(L, offsets, periods, early):
 def run(lengths):
     import torch
     import bitnet_ffi
+    from bench_attention import HKV, decode_inputs
     lib = ctypes.CDLL(os.environ["BITNET_LIB"])
     buffer, count = np.zeros(CAPACITY, RECORD), ctypes.c_uint(0)
     for L in lengths:
-        n_sets = max(1, math.ceil((512 << 20) / (2 * L * HKV * D * 2)))
-        sets = [tuple(torch.randn(1, n, h, D, dtype=torch.bfloat16, device="cuda")
-                      for n, h in ((1, HQ), (L, HKV), (L, HKV))) for _ in range(n_sets)]
-        outs = [torch.empty_like(q) for q, _, _ in sets]
+        sets = decode_inputs(1, L)
+        n_sets = len(sets)
 
         def call(i):
-            bitnet_ffi.attention(*sets[i], causal=True, out=outs[i])
+            q, k, v, out = sets[i]
+            bitnet_ffi.attention(q, k, v, causal=True, out=out)
 
         print(f"L = {L}: {graph_time_us(call, n_sets, CALLS):.2f} µs per call with the stamps")
         graph = torch.cuda.CUDAGraph()
@@ -210,7 +208,7 @@ def run(lengths):
             raise SystemExit(f"L = {L}: {[len(r) for r in replays]} records for {CALLS} calls: "
                              "this case does not take the cluster path")
         print(markdown(L, *timeline(replays, blocks, HKV)), flush=True)
-        del graph, sets, outs
+        del graph, sets
         torch.cuda.empty_cache()
 
 
