@@ -193,3 +193,21 @@ def test_bench_attention_decode_cases_option():
     for bad in ("", "1x", "4096", "1x2x3", "0x4096", "a,b"):
         with pytest.raises(argparse.ArgumentTypeError):
             bench.decode_cases(bad)
+
+
+def test_attention_report_has_a_table_per_kind_of_case_that_ran():
+    report = import_tool("report")
+    head = {"device": "H100", "torch": "2.11", "read_bandwidth_gbps": 3100.0}
+    decode = {"kind": "decode", "B": 1, "L": 4096, "us": 5.94, "gbps": 1764.0, "pct_read_bw": 57.0,
+              "max_abs_diff_vs_torch": 5e-4}
+    prefill = {"kind": "prefill", "L": 4096, "us": 281.7, "tflops": 305.0, "max_abs_diff_vs_torch": 4e-3,
+               "torch_us": 189.3, "torch_tflops": 454.0}
+    only_decode = report.attention_markdown(dict(head, results=[decode]))
+    assert "| 1 | 4096 | 5.94 | 1764 | 57% | - | - | - | 0.0005 |" in only_decode
+    assert "prefill" not in only_decode
+    only_prefill = report.attention_markdown(dict(head, results=[prefill]))
+    assert "| 4096 | 281.7 | 305 | 189.3 | 454 | 0.004 |" in only_prefill
+    assert "Decode" not in only_prefill
+    both = report.attention_markdown(dict(head, results=[decode, prefill])).splitlines()
+    assert both.index("| 1 | 4096 | 5.94 | 1764 | 57% | - | - | - | 0.0005 |") < both.index(
+        "| 4096 | 281.7 | 305 | 189.3 | 454 | 0.004 |")

@@ -88,25 +88,27 @@ def attention_cpu_markdown(result):
 def attention_markdown(result):
     if result["device"] == "cpu":
         return attention_cpu_markdown(result)
-    lines = [f"Attention on {result['device']}, torch {result['torch']}, L2 cold; read bandwidth "
-             f"(torch.sum over 2 GiB) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s.", "",
-             "Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)", "",
-             "| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    decode, prefill = [], []
     for r in result["results"]:
         if r["kind"] == "decode":
             torch_cells = (f"{r['torch_us']:.2f} | {r['torch_gbps']:.0f} | {r['torch_pct_read_bw']:.0f}%"
                            if "torch_us" in r else "- | - | -")
-            lines.append(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | "
-                         f"{r['pct_read_bw']:.0f}% | {torch_cells} | {r['max_abs_diff_vs_torch']:.3g} |")
-    lines += ["", "Causal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)", "",
-              "| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for r in result["results"]:
-        if r["kind"] == "prefill":
+            decode.append(f"| {r['B']} | {r['L']} | {r['us']:.2f} | {r['gbps']:.0f} | "
+                          f"{r['pct_read_bw']:.0f}% | {torch_cells} | {r['max_abs_diff_vs_torch']:.3g} |")
+        elif r["kind"] == "prefill":
             torch_cells = f"{r['torch_us']:.1f} | {r['torch_tflops']:.0f}" if "torch_us" in r else "- | -"
-            lines.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {torch_cells} | "
-                         f"{r['max_abs_diff_vs_torch']:.3g} |")
+            prefill.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {torch_cells} | "
+                           f"{r['max_abs_diff_vs_torch']:.3g} |")
+    lines = [f"Attention on {result['device']}, torch {result['torch']}, L2 cold; read bandwidth "
+             f"(torch.sum over 2 GiB) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s."]
+    if decode:  # a table only for the kinds of case that ran (--only)
+        lines += ["", "Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)", "",
+                  "| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *decode]
+    if prefill:
+        lines += ["", "Causal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)", "",
+                  "| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |",
+                  "| --- | --- | --- | --- | --- | --- |", *prefill]
     return "\n".join(lines)
 
 
