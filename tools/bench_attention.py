@@ -35,11 +35,16 @@ DECODE_CASES = [(1, 1024), (1, 4096), (1, 32768), (8, 4096), (8, 32768), (1, 131
 PREFILL_CASES = [1024, 4096, 16384]
 
 
+def decode_kv_bytes(B, L):
+    """The bf16 K and V bytes that a decode call over a full cache of L reads."""
+    return 2 * B * L * HKV * D * 2
+
+
 def decode_inputs(B, L):
     """Sets of (q, k, v, out) for one new token per sequence over a full cache of L (bf16, our
     layout), enough of them that their K and V total ROTATE_BYTES: rotated, every call is L2-cold."""
     import torch
-    n_sets = max(1, math.ceil(ROTATE_BYTES / (2 * B * L * HKV * D * 2)))
+    n_sets = max(1, math.ceil(ROTATE_BYTES / decode_kv_bytes(B, L)))
     sets = []
     for _ in range(n_sets):
         q = torch.randn(B, 1, HQ, D, dtype=torch.bfloat16, device="cuda")
@@ -52,7 +57,7 @@ def decode_inputs(B, L):
 def bench_decode(B, L, calls, read_bw, with_torch=True):
     import torch
     import torch.nn.functional as F
-    kv_bytes = 2 * B * L * HKV * D * 2
+    kv_bytes = decode_kv_bytes(B, L)
     ours = decode_inputs(B, L)
     n_sets = len(ours)
     # torch's own layout [B, H, S, D], contiguous
