@@ -5,9 +5,9 @@
  * num_splits-th 64-key tile through shared memory (cp.async); each warp does q.k and p.v for 16
  * keys of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
  * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
- *   block per SM with 4 to 6 tiles in flight; each pushes its partial into the shared memory of the
+ *   block per SM with 4 to 6 tile stages; each pushes its partial into the shared memory of the
  *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
- * - split path: about 3 blocks per SM, 2 tiles in flight, partials in the workspace and a merge
+ * - split path: about 3 blocks per SM, 2 tile stages, partials in the workspace and a merge
  *   kernel.
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
@@ -52,13 +52,14 @@ struct SmallDivisor {
     __device__ __forceinline__ int mod(int n) const { return n - div(n) * (int)d; }
 };
 
-/* Tiles in flight per block: 2 where several blocks share an SM (splits merged by merge_kernel); on
- * the cluster path's one block per SM, 4 to 6 by the tiles of a split (cluster_stages). */
+/* Tile stages (shared-memory buffers) per block: 2 where several blocks share an SM (splits merged by
+ * merge_kernel); on the cluster path's one block per SM, 4 to 6 by the tiles of a split
+ * (cluster_stages). How many of them are in flight: see kAhead in decode_kernel. */
 constexpr int kSplitStages = 2;
 
-/* The cluster path's tiles in flight per block, which alone keeps 128 to 192 KB (D = 128) of loads
- * in flight: 5, 4 where a split has at most 4 tiles, 6 where it has 16 or more. H100, B = 1, 4 / 5
- * / 6 stages: L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us; 8192 10.6 / 10.5 / 10.8;
+/* The cluster path's stages per block, 128 to 192 KB at D = 128: 5, 4 where a split has at most 4
+ * tiles, 6 where it has 16 or more. Measured when every kernel kept all its stages but one in flight
+ * (H100, B = 1, 4 / 5 / 6 stages): L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us; 8192 10.6 / 10.5 / 10.8;
  * 16384 18.0-18.3 / 17.4-17.6 / 17.2-17.4; 32768 32.2-32.3 / 31.7-31.9 / 31.4-31.7 (3 stages
  * there: 65% of read bandwidth). */
 int cluster_stages(int64_t split_tiles) { return split_tiles <= 4 ? 4 : split_tiles < 16 ? 5 : 6; }
@@ -327,6 +328,14 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
 #endif
     constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
     constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;
+    /* Tiles issued ahead of the one computed. The 5- and 6-stage kernels issue one less than their
+     * stages allow: iteration i then refills the stage that iteration i - 2 read, which every warp
+     * has left once it passes iteration i - 1's barrier, so their key loop needs one barrier per
+     * tile instead of two. H100, B = 1: L = 32768 30.7-31.0 -> 29.8-30.2 us, 65536 59.4-60.3 ->
+     * 58.3-59.0, 8192 and 16384 0.1 us less (BENCHMARKS.md, 2026-11-26). The others keep every stage
+     * but one in flight: the 4-stage kernel takes all of its split's tiles at once, and the split
+     * path has only 2 stages. */
+    constexpr int kAhead = CLUSTER && STAGES > kLazyRescaleStages ? kStageCount - 2 : kStageCount - 1;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
@@ -373,7 +382,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     if (seq_lens) split_tiles(L); /* without, L = C: counted above */
 
     /* One cp.async group per tile; the first also brings q. */
-    for (int i = 0; i < kStageCount - 1; i++) {
+    for (int i = 0; i < kAhead; i++) {
         if (i < tile_count)
             load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
         for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
@@ -403,7 +412,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     for (int i = 0; i < tile_count; i++) {
         const int tile = tile_at(i), stage = i % kStageCount;
-        const int ahead = i + kStageCount - 1; /* into the stage that the last iteration freed */
+        const int ahead = i + kAhead; /* into the stage that iteration i - 1 or i - 2 read */
         if (ahead < tile_count) {
             const int ahead_stage = ahead % kStageCount;
             load_tile<T, D>(sm.k[ahead_stage], sm.v[ahead_stage], k_head, v_head, stride,
@@ -416,7 +425,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
          * L = 1024 (4.3 -> 4.45-4.5 us). */
         if (CLUSTER && ahead == tile_count) bn_pdl_launch_dependents();
         cp_async_commit();
-        cp_async_wait<kStageCount - 1>();
+        cp_async_wait<kAhead>();
         if (first_row_last_key < L - 1 && (tile + 1) * kTileKeys - 1 > first_row_last_key)
             hidden_nonfinite_v |= __syncthreads_or(
                 copied_chunks_nonfinite<T, D, kTileKeys, kThreads>(sm.v[stage]));
@@ -476,11 +485,11 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
             mma<T>(o[2 * dp], pf, vb[0], vb[1]);
             mma<T>(o[2 * dp + 1], pf, vb[2], vb[3]);
         }
-        __syncthreads(); /* the stage is refilled next iteration */
+        if (kAhead == kStageCount - 1) __syncthreads(); /* the stage is refilled next iteration */
     }
     cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the tiles before they hold partial results */
-    if (!CLUSTER || tile_count < kStageCount - 1) bn_pdl_launch_dependents(); /* see above */
+    if (!CLUSTER || tile_count < kAhead) bn_pdl_launch_dependents(); /* see above */
 
     /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory (rows 8-15
      * only where they are not all padding). */
