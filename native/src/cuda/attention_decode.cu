@@ -13,8 +13,8 @@
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
  * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 3.7
- * us (L = 1024), 5.9-6.3 us (4096, by machine), 82-89% of read bandwidth (32768); B = 8, L = 32768
- * at 94% (docs/attention.md). */
+ * us (L = 1024), 5.9-6.3 us (4096), 82-90% of read bandwidth (32768), by machine; B = 8, L = 32768
+ * at 94-96% (docs/attention.md). */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
