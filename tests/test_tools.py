@@ -195,7 +195,7 @@ def test_bench_attention_decode_cases_option():
             bench.decode_cases(bad)
 
 
-def test_attention_report_has_a_table_per_kind_of_case_that_ran():
+def test_attention_report_has_a_table_per_kind_of_case_that_ran(tmp_path):
     report = import_tool("report")
     head = {"device": "H100", "torch": "2.11", "read_bandwidth_gbps": 3100.0}
     decode = {"kind": "decode", "B": 1, "L": 4096, "us": 5.94, "gbps": 1764.0, "pct_read_bw": 57.0,
@@ -208,6 +208,8 @@ def test_attention_report_has_a_table_per_kind_of_case_that_ran():
     only_prefill = report.attention_markdown(dict(head, results=[prefill]))
     assert "| 4096 | 281.7 | 305 | 189.3 | 454 | 0.004 |" in only_prefill
     assert "Decode" not in only_prefill
+    assert report.attention_chart(dict(head, results=[prefill]), str(tmp_path)) is None
+    assert list(tmp_path.iterdir()) == []
     both = report.attention_markdown(dict(head, results=[decode, prefill])).splitlines()
     assert both.index("| 1 | 4096 | 5.94 | 1764 | 57% | - | - | - | 0.0005 |") < both.index(
         "| 4096 | 281.7 | 305 | 189.3 | 454 | 0.004 |")

@@ -206,6 +206,8 @@ def rmsnorm_chart(result, directory):
 
 def attention_chart(result, directory):
     decode = [r for r in result["results"] if r["kind"] == "decode"]
+    if not decode:  # a prefill-only run (--only prefill) has no bars to draw
+        return None
     labels = [f"B={r['B']} L={r['L']}" for r in decode]
     series = {"bitnet-ffi": [r["pct_read_bw"] for r in decode],
               "torch SDPA": [r.get("torch_pct_read_bw") for r in decode]}
@@ -249,7 +251,9 @@ def main():
             continue
         sections.append(MARKDOWN[result["tool"]](result))
         if args.charts and result["device"] != "cpu":
-            charts.append(CHARTS[result["tool"]](result, args.charts))
+            chart = CHARTS[result["tool"]](result, args.charts)
+            if chart:
+                charts.append(chart)
     if demos:
         sections.append(demo_markdown(demos))
         if args.charts and demos[0]["device"] != "cpu":
