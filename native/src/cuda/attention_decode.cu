@@ -58,10 +58,10 @@ struct SmallDivisor {
 constexpr int kSplitStages = 2;
 
 /* The cluster path's stages per block, 128 to 192 KB at D = 128: 5, 4 where a split has at most 4
- * tiles, 6 where it has 16 or more. Measured when every kernel kept all its stages but one in flight
- * (H100, B = 1, 4 / 5 / 6 stages): L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us; 8192 10.6 / 10.5 / 10.8;
- * 16384 18.0-18.3 / 17.4-17.6 / 17.2-17.4; 32768 32.2-32.3 / 31.7-31.9 / 31.4-31.7 (3 stages
- * there: 65% of read bandwidth). */
+ * tiles, 6 where it has 16 or more. Measured when every kernel kept all its stages but one in
+ * flight (H100, B = 1, 4 / 5 / 6 stages): L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us;
+ * 8192 10.6 / 10.5 / 10.8; 16384 18.0-18.3 / 17.4-17.6 / 17.2-17.4; 32768 32.2-32.3 / 31.7-31.9 /
+ * 31.4-31.7 (3 stages there: 65% of read bandwidth). */
 int cluster_stages(int64_t split_tiles) { return split_tiles <= 4 ? 4 : split_tiles < 16 ? 5 : 6; }
 
 /* Tiles that a block prefetches into L2 before its PDL wait: its first load's, except on the cluster
