@@ -628,7 +628,7 @@ struct ClusterKernel {
     size_t shared_bytes;
 };
 
-/* The cluster kernel with STAGES tiles in flight, and how many clusters of `size` blocks fit at once
+/* The cluster kernel with STAGES tile stages, and how many clusters of `size` blocks fit at once
  * (which also sets its attributes; older GPUs would refuse them: its shared memory is over sm_86's
  * limit). */
 template <typename T, int D, int STAGES>
