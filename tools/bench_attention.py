@@ -4,7 +4,10 @@ Decode: bf16, 20 query heads, 5 KV heads, head_dim 128, one new token per sequen
 GB/s counts the K and V bytes read (2 * B * L * Hkv * D * 2), and % is of the read bandwidth measured
 in the same run (torch.sum over 2 GiB). Prefill: causal self-attention over L tokens, 20 heads,
 TFLOP/s from 2 * L^2 * D * H causal FLOPs. Every figure is the median over 7 replays of a CUDA graph
-of `--calls` calls, rotating through input sets totalling >= 512 MiB so L2 (50 MiB) is cold.
+of `--calls` calls (100, as ../shared/ANCHORS.md measures torch; prefill fewer, see run_gpu), rotating
+through input sets totalling >= 512 MiB so L2 (50 MiB) is cold. torch's calls are SDPA alone: its
+output is a fresh tensor of the graph's pool, and copying it into a fixed one would time a second
+kernel.
 
     python tools/bench_attention.py [--json results.json] [--quick]
 
@@ -64,7 +67,6 @@ def bench_decode(B, L, calls, read_bw, with_torch=True):
     theirs = [tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)) for q, k, v, _ in ours]
     ws = torch.empty(bitnet_ffi.attention_workspace_size(0, B, 1, HQ, HKV, D, L), dtype=torch.uint8,
                      device="cuda")
-    out_t = torch.empty(B, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
 
     def run_ours(i):
         q, k, v, out = ours[i]
@@ -72,7 +74,7 @@ def bench_decode(B, L, calls, read_bw, with_torch=True):
 
     def run_torch(i):
         q, k, v = theirs[i]
-        out_t.copy_(F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
     run_ours(0)
     ref = F.scaled_dot_product_attention(*theirs[0], enable_gqa=True).transpose(1, 2)
@@ -100,7 +102,6 @@ def bench_prefill(L, calls, with_torch=True):
         v = torch.randn(1, L, HKV, D, dtype=torch.bfloat16, device="cuda")
         ours.append((q, k, v, torch.empty_like(q)))
         theirs.append(tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)))
-    out_t = torch.empty(1, HQ, L, D, dtype=torch.bfloat16, device="cuda")
 
     def run_ours(i):
         q, k, v, out = ours[i]
@@ -108,7 +109,7 @@ def bench_prefill(L, calls, with_torch=True):
 
     def run_torch(i):
         q, k, v = theirs[i]
-        out_t.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
     run_ours(0)
     ref = F.scaled_dot_product_attention(*theirs[0], is_causal=True, enable_gqa=True).transpose(1, 2)
@@ -214,7 +215,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--cpu", action="store_true", help="benchmark the CPU backend")
-    parser.add_argument("--calls", type=int, default=50, help="GPU: calls per CUDA graph")
+    parser.add_argument("--calls", type=int, default=100, help="GPU: calls per CUDA graph")
     parser.add_argument("--quick", action="store_true", help="GPU: skip the largest cases")
     parser.add_argument("--only", choices=("decode", "prefill"), help="GPU: run one kind of case")
     parser.add_argument("--no-torch", action="store_true", help="GPU: time our calls only")
