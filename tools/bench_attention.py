@@ -43,18 +43,27 @@ def decode_kv_bytes(B, L):
     return 2 * B * L * HKV * D * 2
 
 
-def decode_inputs(B, L):
-    """Sets of (q, k, v, out) for one new token per sequence over a full cache of L (bf16, our
-    layout), enough of them that their K and V total ROTATE_BYTES: rotated, every call is L2-cold."""
+def random_sets(B, Sq, L, n_sets):
+    """n_sets sets of (q, k, v, out), bf16 on the GPU in our layout: Sq queries and L keys."""
     import torch
-    n_sets = max(1, math.ceil(ROTATE_BYTES / decode_kv_bytes(B, L)))
     sets = []
     for _ in range(n_sets):
-        q = torch.randn(B, 1, HQ, D, dtype=torch.bfloat16, device="cuda")
+        q = torch.randn(B, Sq, HQ, D, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(B, L, HKV, D, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, L, HKV, D, dtype=torch.bfloat16, device="cuda")
         sets.append((q, k, v, torch.empty_like(q)))
     return sets
+
+
+def torch_layout(sets):
+    """(q, k, v) of each set in torch's own layout [B, H, S, D], contiguous."""
+    return [tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)) for q, k, v, _ in sets]
+
+
+def decode_inputs(B, L):
+    """Sets of (q, k, v, out) for one new token per sequence over a full cache of L, enough of them
+    that their K and V total ROTATE_BYTES: rotated, every call is L2-cold."""
+    return random_sets(B, 1, L, max(1, math.ceil(ROTATE_BYTES / decode_kv_bytes(B, L))))
 
 
 def bench_decode(B, L, calls, read_bw, with_torch=True):
@@ -63,8 +72,7 @@ def bench_decode(B, L, calls, read_bw, with_torch=True):
     kv_bytes = decode_kv_bytes(B, L)
     ours = decode_inputs(B, L)
     n_sets = len(ours)
-    # torch's own layout [B, H, S, D], contiguous
-    theirs = [tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)) for q, k, v, _ in ours]
+    theirs = torch_layout(ours)
     ws = torch.empty(bitnet_ffi.attention_workspace_size(0, B, 1, HQ, HKV, D, L), dtype=torch.uint8,
                      device="cuda")
 
@@ -91,17 +99,11 @@ def bench_decode(B, L, calls, read_bw, with_torch=True):
 
 
 def bench_prefill(L, calls, with_torch=True):
-    import torch
     import torch.nn.functional as F
     set_bytes = L * (HQ + 2 * HKV) * D * 2
     n_sets = max(2, min(8, math.ceil(ROTATE_BYTES / set_bytes)))
-    ours, theirs = [], []
-    for _ in range(n_sets):
-        q = torch.randn(1, L, HQ, D, dtype=torch.bfloat16, device="cuda")
-        k = torch.randn(1, L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn(1, L, HKV, D, dtype=torch.bfloat16, device="cuda")
-        ours.append((q, k, v, torch.empty_like(q)))
-        theirs.append(tuple(x.transpose(1, 2).contiguous() for x in (q, k, v)))
+    ours = random_sets(1, L, L, n_sets)
+    theirs = torch_layout(ours)
 
     def run_ours(i):
         q, k, v, out = ours[i]
