@@ -61,7 +61,8 @@ def rmsnorm_quantize(x, weight, eps=1e-5, residual=None, out=None, y_out=None, s
         scales = 127 / max(max(|y|, axis=-1), 1e-5)      (float32)
         y_q = clip(rint(y * scales[..., None]), -128, 127)
 
-    With ``residual``, first ``residual += x`` in place and the stored residual is normalized.
+    With ``residual``, first ``residual += x`` in place and the stored residual is normalized. A row
+    with a y that is not finite (a NaN or inf input) gets the scale NaN and codes -128.
 
     Parameters
     ----------

@@ -104,7 +104,9 @@ def quantize_i2s(w, row_segments=None, stream=None):
     """Ternary quantization of a weight matrix, BitNet b1.58 style (absmean).
 
     ``scale = mean(|W|)`` over the tensor or over each row segment (float64 sum, float32 result,
-    floored at 1e-5); ``W_q = clamp(rint(w / scale), -1, 1)`` in float32 arithmetic.
+    floored at 1e-5); ``W_q = clamp(rint(w / scale), -1, 1)`` in float32 arithmetic. w must be
+    finite: a NaN or inf raises InvalidArgumentError naming the first one (on a GPU the check waits
+    for the stream).
 
     Parameters
     ----------
@@ -167,6 +169,7 @@ def quantize_a8(x, stream=None):
     """Per-token absmax int8 quantization of activations.
 
     ``s = 127 / max(max|x[n]|, 1e-5)``, ``x_q = clamp(rint(x * s), -128, 127)``, in float32.
+    A token holding a NaN or inf gets ``s = NaN`` and codes -128, so gemv_w2a8 gives NaN for it.
 
     Parameters
     ----------
