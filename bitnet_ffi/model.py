@@ -211,9 +211,10 @@ class Session:
     def project(self, weights, x_q, x_s, out):
         self.op("gemv_w2a8", gemv_w2a8, weights, x_q, x_s, out_dtype=BF16, out=out)
 
-    def forward(self, b, steps):
+    def forward(self, b, steps, progress=None):
         """One pass of every layer over `steps` tokens per sequence whose ids are in b["ids"];
-        writes the greedy next token of each sequence to b["next"]."""
+        writes the greedy next token of each sequence to b["next"]. progress(done, total) is called
+        after each layer's ops are issued."""
         c, w = self.config, self.w
         N = self.batch * steps
         self.op("embedding", embedding, w.embedding, b["ids"], out=b["h"])
@@ -237,6 +238,8 @@ class Session:
             g_q, g_s = self.norm_quantize(b["gate_up"], layer.ffn_sub_norm, b, gated=True)
             self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
+            if progress:
+                progress(index + 1, len(w.layers))
         self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
                 out=b["y"])
         last = b["y"]
@@ -265,15 +268,16 @@ class Session:
             self.project(part, x_q, x_s, out)
             start += rows
 
-    def prefill(self, prompt):
-        """Runs a [batch, P] int prompt; returns the first greedy token of each sequence."""
+    def prefill(self, prompt, progress=None):
+        """Runs a [batch, P] int prompt; returns the first greedy token of each sequence.
+        progress: as forward's."""
         prompt = np.asarray(prompt, dtype=np.int32)
         steps = prompt.shape[1]
         b = self.buffers(steps)
         self.upload(prompt.reshape(-1), b["ids"])
         self.upload(np.zeros(self.batch, dtype=np.int32), self.positions)
         self.upload(np.full(self.batch, steps, dtype=np.int32), self.seq_lens)
-        self.forward(b, steps)
+        self.forward(b, steps, progress)
         self.synchronize()
         self.prefill_logits = b["logits"]
         first = self.download(b["next"]).copy()
