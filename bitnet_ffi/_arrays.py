@@ -222,6 +222,7 @@ def prepare(named, stream=None, writes=(), optional=()):
     named in ``writes`` are writable, and returns (arrays, device, stream handle). Only the names in
     ``optional`` may be None (and stay None). Without an explicit stream, a GPU op runs on the
     current stream of the caller's framework, so it orders with the caller's own work."""
+    handle = None if stream is None else stream_handle(stream)  # checked on the CPU too
     arrays = {}
     for name, obj in named.items():
         if obj is None and name not in optional:
@@ -239,8 +240,8 @@ def prepare(named, stream=None, writes=(), optional=()):
             raise InvalidArgumentError(f"arrays are on different devices: {where}")
     if device == CPU:
         return arrays, CPU, 0
-    if stream is not None:
-        return arrays, device, stream_handle(stream)
+    if handle is not None:
+        return arrays, device, handle
     return arrays, device, _framework_stream(present, device)
 
 
