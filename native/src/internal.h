@@ -8,10 +8,6 @@
 extern "C" {
 #endif
 
-#define BN_VERSION_MAJOR 0
-#define BN_VERSION_MINOR 1
-#define BN_VERSION_PATCH 0
-
 /* Records a printf-style message for the calling thread and returns `status`. */
 bitnet_status bn_fail(bitnet_status status, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
