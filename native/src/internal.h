@@ -107,6 +107,11 @@ bitnet_status bn_cuda_stream_synchronize(void *stream);
 /* Each op adds its backend entry points below: bn_cpu_<op> and bn_cuda_<op>, with the public
  * signature's arguments after validation. */
 
+/* A CPU op runs its loops on OpenMP threads only from this much work up (elements, or multiply-adds
+ * for the GEMVs and attention, counted in double where int64 could overflow): below it, waking and
+ * joining the threads costs more than the loop (`#pragma omp parallel ... if (work >= ...)`). */
+enum { BN_CPU_PARALLEL_MIN_WORK = 65536 };
+
 /* ---- W2A8 GEMV and ternary / int8 quantization ---- */
 
 /* Shared checks of the ternary ops: M >= 1 (the rows, called rows_name in the message: M, or N
