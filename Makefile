@@ -116,7 +116,7 @@ clean:
 # A virtual environment with the package (editable) and what the tests need.
 VENV ?= .venv
 TIER ?= auto
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'

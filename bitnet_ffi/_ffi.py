@@ -16,6 +16,7 @@ LIBRARY_NAME = "libbitnet.so"
 
 ffi = cffi.FFI()
 _lib = None
+loaded_path = None  # the libbitnet.so that lib() loaded
 _declared = False
 _lock = threading.Lock()
 
@@ -67,6 +68,7 @@ def _declare():
 
 
 def _load():
+    global loaded_path
     _declare()
     tried = []
     for path in library_candidates():
@@ -77,7 +79,9 @@ def _load():
             # Loaded for the life of the process: unloading it at exit would unload libgomp under
             # its still running worker threads (a crash at exit). The library is also linked with
             # -z nodelete, which keeps it loaded for any other loader.
-            return ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+            library = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+            loaded_path = path
+            return library
         except OSError as exc:
             tried.append(f"{path} ({exc})")
     if in_checkout():
