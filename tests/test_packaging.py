@@ -23,8 +23,11 @@ pytestmark = [pytest.mark.cpu, pytest.mark.skipif(
 
 
 def clean_environment(**extra):
+    """This environment without the library's knobs, Python's paths, and an outer make's state
+    (under `make test`, MAKELEVEL would stop the build's make from running jobs in parallel)."""
     environment = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("BITNET_", "PYTHON")) and k not in ("CUDA_ARCHS",)}
+                   if not k.startswith(("BITNET_", "PYTHON")) and
+                   k not in ("CUDA_ARCHS", "MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     environment.update(extra)
     return environment
 
@@ -142,7 +145,8 @@ int main(void) {
 def test_make_install_serves_a_c_program(tmp_path):
     prefix, build = tmp_path / "prefix", tmp_path / "build"
     done = subprocess.run(["make", "-s", "install", f"PREFIX={prefix}", f"BUILD_DIR={build}",
-                           "BITNET_CPU_ONLY=1"], cwd=REPO, capture_output=True, text=True)
+                           "BITNET_CPU_ONLY=1"], cwd=REPO, capture_output=True, text=True,
+                          env=clean_environment())
     assert done.returncode == 0, done.stderr
     version = bn.__version__
     soname = "libbitnet.so." + ".".join(version.split(".")[:2])
