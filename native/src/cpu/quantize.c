@@ -50,7 +50,8 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
                                   uint8_t *w_packed, float *w_scales) {
     /* Weights must be finite: checked before anything is written. */
     int64_t first = INT64_MAX;
-#pragma omp parallel for schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first) \
+    if (M * K >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t m = 0; m < M; m++) {
         const int64_t k = m * K < first ? first_non_finite_in_row(w, w_dtype, m, K) : -1;
         if (k >= 0 && m * K + k < first) first = m * K + k;
