@@ -8,6 +8,7 @@ from .device import detect, resolve, select
 from .errors import (BitNetError, ConfigurationError, CudaError, InternalError,
                      InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
                      UnsupportedError)
+from .fused import relu2_rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import relu2_gate, rope_append_kv
 from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm, rmsnorm_quantize
@@ -21,7 +22,7 @@ __all__ = [
     "attention_workspace_size", "rope_append_kv", "relu2_gate", "gemv_bf16", "argmax", "embedding",
     "add_int32", "library_version", "device_synchronize", "BitNetError", "InvalidArgumentError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
-    "LibraryNotFoundError", "ConfigurationError",
+    "LibraryNotFoundError", "ConfigurationError", "rmsnorm_gemv_w2a8", "relu2_rmsnorm_gemv_w2a8",
 ]
 
 __version__ = "0.1.0"

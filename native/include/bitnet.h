@@ -182,6 +182,26 @@ bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int
                                    void *y /* [T, F] or NULL */, int8_t *y_q /* [T, F] or NULL */,
                                    float *y_scales /* [T], with y_q */, void *stream);
 
+/* RMSNorm and the int8 quantization fused into the W2A8 GEMV, for each token t:
+ *   x_q[t], x_scales[t] = bitnet_rmsnorm(x[t], weight, eps) into int8 codes (no residual), or
+ *   gated = 1: bitnet_relu2_rmsnorm(x[t] = gate_up [2K], weight, eps) into int8 codes;
+ *   y[t] = bitnet_gemv_w2a8(w, x_q[t], x_scales[t]) rounded to y_dtype (I32: the exact dot);
+ *   with residual (y_dtype F32, F16 or BF16, the residual's dtype): y[t, m] = residual[t, m] +
+ *   that rounded value, in float32, rounded to y_dtype (the residual add of bitnet_rmsnorm).
+ * Bit for bit what those calls give one after the other on the same device, without writing x_q.
+ * dtype: float32, float16 or bfloat16 for x and weight; eps finite, >= 0; K % 128 == 0 as for
+ * bitnet_gemv_w2a8. y may be the residual itself (in place); no other arrays may overlap. On a GPU
+ * the kernel needs eps > 0 and 16-byte aligned x and weight (else BITNET_ERR_UNSUPPORTED), reads
+ * the weights once per token (one launch per token: a decode step's batch-1 form), and uses
+ * programmatic dependent launch as bitnet_gemv_w2a8 (x and the residual are read after the wait). */
+bitnet_status bitnet_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, int64_t T, int64_t K,
+                                       const void *x /* [T, K], gated [T, 2K] */, int32_t gated,
+                                       const void *weight /* [K] */, float eps,
+                                       const uint8_t *w_packed /* [M, K/4] */,
+                                       const float *w_scales /* [M] */, int64_t M,
+                                       const void *residual /* [T, M] or NULL */,
+                                       void *y /* [T, M] */, int32_t y_dtype, void *stream);
+
 /* ---- Attention and the glue of a BitNet layer ---- */
 
 /* Grouped-query attention with an online softmax accumulated in float32 (docs/attention.md):

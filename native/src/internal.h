@@ -165,6 +165,15 @@ bitnet_status bn_cpu_relu2_rmsnorm(int32_t dtype, int64_t T, int64_t F, const vo
 bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                     const void *gate_up, const void *weight, float eps, void *y,
                                     int8_t *y_q, float *y_scales, void *stream);
+/* RMSNorm (+ the gate) and the int8 quantization fused into the W2A8 GEMV: rmsnorm_gemv_w2a8.c. */
+bitnet_status bn_cpu_rmsnorm_gemv_w2a8(int32_t dtype, int64_t T, int64_t K, const void *x,
+                                       int32_t gated, const void *weight, float eps,
+                                       const uint8_t *w_packed, const float *w_scales, int64_t M,
+                                       const void *residual, void *y, int32_t y_dtype);
+bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, int64_t T, int64_t K,
+                                        const void *x, int32_t gated, const void *weight, float eps,
+                                        const uint8_t *w_packed, const float *w_scales, int64_t M,
+                                        const void *residual, void *y, int32_t y_dtype, void *stream);
 
 /* ---- Attention and layer glue ---- */
 

@@ -106,11 +106,26 @@ __device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot, 
     else static_cast<__nv_bfloat16 *>(a.y)[index] = __float2bfloat16_rn(value);
 }
 
+/* Where the one-token kernel's x comes from and where its y goes: here x_q and x_scales in global
+ * memory, y as store() writes it. rmsnorm_gemv_w2a8.cu, which includes this file with
+ * BN_GEMV_W2A8_ONE_TOKEN_ONLY defined, has the other kind (x normalized and quantized by every
+ * block, a residual added to y). stage() copies x into the tile as stage_x does and returns this
+ * thread's share of its sum; the caller syncs before reading the tile. */
+struct Int8Input {
+    __device__ __forceinline__ int stage(const GemvArgs &a, int8_t *x_tile, float &x_scale) const {
+        x_scale = a.x_scales[0];
+        return stage_x(a, x_tile);
+    }
+    __device__ __forceinline__ void store_row(const GemvArgs &a, int m, int dot, float w_scale, float x_scale) const {
+        store(a, 0, m, dot, w_scale, x_scale);
+    }
+};
+
 /* PREFETCH: how many steps after the first the kernel requests into L2 while it stages x (see
  * below); 0 for rows of at most 2 steps. BLOCK_MAJOR_TAIL: where the tiles take more than one
- * round of the grid's warps (see below). */
-template <int PREFETCH, bool BLOCK_MAJOR_TAIL>
-__global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
+ * round of the grid's warps (see below). Input: Int8Input or the like. */
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename Input>
+__device__ __forceinline__ void one_token(const GemvArgs &a, const Input &input) {
     extern __shared__ int4 shared[];
     int8_t *x_tile = reinterpret_cast<int8_t *>(shared);
     int *warp_x_sums = reinterpret_cast<int *>(x_tile + a.K);
@@ -177,8 +192,8 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
      * 2560x6912 3.27-3.31 -> 3.32-3.36 us). */
     for (int step = 1; step <= PREFETCH && step < iterations && tile < tiles; step++)
         prefetch(tile, step);
-    const float x_scale = a.x_scales[0];
-    int x_sum = stage_x(a, x_tile);
+    float x_scale;
+    int x_sum = input.stage(a, x_tile, x_scale);
     for (int offset = 16; offset > 0; offset /= 2) x_sum += __shfl_xor_sync(~0u, x_sum, offset);
     if (lane == 0) warp_x_sums[threadIdx.x / 32] = x_sum;
     __syncthreads();
@@ -215,10 +230,39 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
         int dot = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
         int row = lane_row(tile);
-        if (sub == 0 && row < a.M) store(a, 0, row, dot - x_sum, w_scale, x_scale);
+        if (sub == 0 && row < a.M) input.store_row(a, row, dot - x_sum, w_scale, x_scale);
         w_scale = next_w_scale;
     }
 }
+
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL>
+__global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL>(a, Int8Input{});
+}
+
+/* The one-token kernel's launch for M x K: its tiles, blocks per SM, shared bytes, and instance. */
+struct OneTokenShape {
+    int64_t work_blocks;
+    int per_sm;
+    size_t shared_bytes;
+    bool long_rows, rounds; /* PREFETCH = kPrefetchSteps (else 0); BLOCK_MAJOR_TAIL */
+};
+
+OneTokenShape one_token_shape(const BnGpu &gpu, int64_t M, int64_t K) {
+    OneTokenShape s;
+    s.shared_bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
+    /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
+     * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
+     * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
+    s.work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
+    s.per_sm = s.work_blocks <= (int64_t)gpu.sms * kWarps ? 1 : kOneTokenBlocksPerSm;
+    s.long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
+    /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower. */
+    s.rounds = s.work_blocks > (int64_t)gpu.sms * kWarps * s.per_sm;
+    return s;
+}
+
+#ifndef BN_GEMV_W2A8_ONE_TOKEN_ONLY
 
 /* d += A B, A 16x32 unsigned bytes, B 32x8 signed bytes. */
 __device__ __forceinline__ void mma_u8_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -482,27 +526,22 @@ bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, TokensLaunch *ou
 
 bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, TokensLaunch *out) {
     if (nt == 1) {
-        size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
-        /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
-         * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
-         * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
-        out->work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-        const int per_sm = out->work_blocks <= (int64_t)gpu.sms * kWarps ? 1 : kOneTokenBlocksPerSm;
-        const bool long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
-        /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower. */
-        const bool rounds = out->work_blocks > (int64_t)gpu.sms * kWarps * per_sm;
-        GemvKernel kernel = long_rows ? (rounds ? gemv_one_token<kPrefetchSteps, true>
-                                                : gemv_one_token<kPrefetchSteps, false>)
-                                      : (rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
-        return plan(gpu, kernel, kThreads, per_sm, bytes, &out->launch);
+        const OneTokenShape s = one_token_shape(gpu, M, K);
+        out->work_blocks = s.work_blocks;
+        GemvKernel kernel = s.long_rows ? (s.rounds ? gemv_one_token<kPrefetchSteps, true>
+                                                    : gemv_one_token<kPrefetchSteps, false>)
+                                        : (s.rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
+        return plan(gpu, kernel, kThreads, s.per_sm, s.shared_bytes, &out->launch);
     }
     if (nt == 8) return plan_mma8(gpu, M, K, out);
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
     return plan_mma<2, 8>(gpu, kMmaBlocksPerSm, &out->launch);
 }
 
+#endif  // BN_GEMV_W2A8_ONE_TOKEN_ONLY
 }  // namespace
 
+#ifndef BN_GEMV_W2A8_ONE_TOKEN_ONLY
 bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
                                 int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
                                 int64_t N, void *y, int32_t y_dtype, void *stream) {
@@ -541,3 +580,4 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
     }
     return BITNET_OK;
 }
+#endif  // BN_GEMV_W2A8_ONE_TOKEN_ONLY

@@ -20,24 +20,9 @@
 
 #include <type_traits>
 
-#include "common.cuh"
+#include "rmsnorm_math.cuh"
 
 namespace {
-
-constexpr int WARP_ROWS_PER_BLOCK = 4; /* warp-per-row kernels: 128 threads */
-constexpr int WARP_MAX_V = 12;         /* a warp per row up to 32 * 12 vectors */
-/* Rows that a warp could hold (up to 32 * WARP_MAX_V vectors) take a warp per row from
- * WARP_MIN_ROWS_PER_SM rows per SM. From BLOCK_NARROW_MIN_ROWS_PER_SM they take a block per row of
- * 2 vectors per thread: at T = 4096, H = 2560 (31 rows per SM on an H100) that reached 86% of
- * read bandwidth, against 84-85% with a warp per row, whose 10 vectors per thread leave room for
- * only 16 rows per SM. Fewer rows are bound by the latency of one row, which more threads per row
- * (BLOCK_PREFERRED_THREADS) cut. */
-constexpr int WARP_MIN_ROWS_PER_SM = 64;
-constexpr int BLOCK_NARROW_MIN_ROWS_PER_SM = 4;
-constexpr int BLOCK_PREFERRED_THREADS = 320;
-constexpr int BLOCK_MAX_THREADS = 512;
-constexpr int BLOCK_MAX_V = 8; /* a block per row up to 512 * 8 vectors */
-constexpr int LOOP_THREADS = 512;
 
 struct NormArgs {
     const void *x;
@@ -59,40 +44,6 @@ struct NormArgs {
 __device__ __forceinline__ void wait_for_previous_kernel() {
     bn_pdl_wait();
     bn_pdl_launch_dependents();
-}
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-
-/* N consecutive elements, loaded and stored as one access (16 bytes for the vector paths). */
-template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
-    T e[N];
-};
-
-template <typename T, int N> __device__ __forceinline__ Pack<T, N> load(const void *base, int64_t i) {
-    return *reinterpret_cast<const Pack<T, N> *>(static_cast<const T *>(base) + i);
-}
-
-template <typename T, int N>
-__device__ __forceinline__ void store(void *base, int64_t i, const Pack<T, N> &p) {
-    *reinterpret_cast<Pack<T, N> *>(static_cast<T *>(base) + i) = p;
-}
-
-/* The gated input: bn_relu2(gate, up) rounded to T, as bitnet_relu2_gate stores it. */
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> relu2_gate(const Pack<T, N> &gate, const Pack<T, N> &up) {
-    Pack<T, N> v;
-#pragma unroll
-    for (int j = 0; j < N; j++) v.e[j] = from_float<T>(bn_relu2(to_float(gate.e[j]), to_float(up.e[j])));
-    return v;
 }
 
 /* The N elements of the input v at column i of row `row` of src: src [rows, cols], or gated,
@@ -132,38 +83,6 @@ __device__ __forceinline__ void prefetch_row_l2(const NormArgs &a, int64_t row, 
     }
 }
 
-struct SumMax {
-    float sum, max;
-};
-
-/* max(a, b), or NaN if either is NaN (fmaxf returns the other operand). */
-__device__ __forceinline__ float max_or_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float m;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
-    return m;
-#else
-    return isnan(a) || isnan(b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
-#endif
-}
-
-/* The sum of squares and max |p|; the max is NaN if any p is, so that a finite max says that every
- * product of the row is finite. */
-__device__ __forceinline__ SumMax combine(SumMax a, SumMax b) { return {a.sum + b.sum, max_or_nan(a.max, b.max)}; }
-__device__ __forceinline__ double combine(double a, double b) { return a + b; }
-__device__ __forceinline__ SumMax shuffle_xor(SumMax v, int lane_mask) {
-    return {__shfl_xor_sync(0xffffffffu, v.sum, lane_mask), __shfl_xor_sync(0xffffffffu, v.max, lane_mask)};
-}
-__device__ __forceinline__ double shuffle_xor(double v, int lane_mask) {
-    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
-}
-
-template <typename A> __device__ __forceinline__ A warp_reduce(A v) {
-#pragma unroll
-    for (int m = 16; m > 0; m /= 2) v = combine(v, shuffle_xor(v, m));
-    return v;
-}
-
 /* The reduction over a row's threads, its result in every one of them. */
 template <bool WARP_PER_ROW, typename A> __device__ __forceinline__ A row_reduce(A v) {
     v = warp_reduce(v);
@@ -178,50 +97,11 @@ template <bool WARP_PER_ROW, typename A> __device__ __forceinline__ A row_reduce
     return warp_reduce(lane < warps ? partial[lane] : A{});
 }
 
-/* 1 / sqrt(mean + eps) from the float32 sum of squares; where that mean square is not a normal
- * float (the sum overflowed, or underflowed with eps too small to dominate), from a float64 sum of
- * the same values, which sum_squares64() gives (a reduction over the row's threads). With eps > 0
- * the result is at most 1 / sqrt(2^-149), a float; with eps = 0 it may not be (tiny_row_scale). */
-template <typename F>
-__device__ __forceinline__ double inverse_rms(float sum, const NormArgs &a, F sum_squares64) {
-    const float mean_square = sum / (float)a.cols + a.eps;
-    if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) return 1.0f / sqrtf(mean_square);
-    return 1.0 / sqrt(sum_squares64() / (double)a.cols + (double)a.eps);
-}
-
 /* With eps = 0, a row whose RMS is under 2^-128 has 1 / RMS beyond float32. Such a row is
  * normalized as the CPU backend does it: the products are taken as (v * 2^64) * w, exact, and
  * 1 / RMS is divided by 2^64. Returns that pre-scale (1 for every other row). Only rmsnorm_loop
  * applies it: launch() gives it every call with eps = 0. */
 __device__ __forceinline__ float tiny_row_scale(double r) { return r > FLT_MAX ? 0x1p64f : 1.0f; }
-
-template <typename T, int N> __device__ __forceinline__ double sum_squares64(const Pack<T, N> &v) {
-    double sum = 0.0;
-#pragma unroll
-    for (int j = 0; j < N; j++) sum += (double)to_float(v.e[j]) * to_float(v.e[j]);
-    return sum;
-}
-
-/* Adds v^2 to the sum of squares, sets p = (v * pre) * w and, for the codes, takes max |p|. pre is
- * 1 but for a tiny row (rmsnorm_loop). */
-template <int N, bool QUANT>
-__device__ __forceinline__ void accumulate(SumMax &acc, const float (&v)[N], const float (&w)[N],
-                                           float (&p)[N], float pre = 1.0f) {
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        p[j] = v[j] * pre * w[j];
-        acc.sum += v[j] * v[j];
-        if (QUANT) acc.max = max_or_nan(acc.max, fabsf(p[j]));
-    }
-}
-template <typename T, int N, bool QUANT>
-__device__ __forceinline__ void accumulate(SumMax &acc, const Pack<T, N> &v, const Pack<T, N> &w,
-                                           float (&p)[N], float pre = 1.0f) {
-    float vf[N], wf[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) vf[j] = to_float(v.e[j]), wf[j] = to_float(w.e[j]);
-    accumulate<N, QUANT>(acc, vf, wf, p, pre);
-}
 
 /* 8 bfloat16 from their 16 raw bytes: one shift or mask each, where a conversion of 16-bit
  * values takes two instructions. */
@@ -234,16 +114,7 @@ __device__ __forceinline__ void bf16x8_to_floats(const uint4 &raw, float (&f)[8]
     }
 }
 
-/* max |p| over the products that are not NaN: the scale's rule (NaN codes are -128). */
-template <int N> __device__ __forceinline__ float max_abs_of_numbers(float m, const float (&p)[N]) {
-#pragma unroll
-    for (int j = 0; j < N; j++) m = fmaxf(m, fabsf(p[j]));
-    return m;
-}
-
-/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)). Where every
- * product of the row is finite (FINITE) the clamp cannot bind (|p| <= max |p|) and is left out;
- * otherwise it is there for NaN, which fmaxf turns into -128 exactly as the CPU backend does. */
+/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)) (int8_code). */
 template <typename T, int N, bool QUANT, bool FINITE = false>
 __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, const float (&p)[N], float r,
                                               float r_scale) {
@@ -254,14 +125,9 @@ __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, cons
         store<T, N>(a.y, i, y);
     }
     if (QUANT) {
-        /* rint(c) for |c| <= 2^22 is in the low bits of c + 1.5 * 2^23 (the addition rounds half to
-         * even), and its int8 in the low byte: cheaper than a float-to-int conversion. */
         Pack<int8_t, N> q;
 #pragma unroll
-        for (int j = 0; j < N; j++) {
-            const float c = FINITE ? p[j] * r_scale : fminf(fmaxf(p[j] * r_scale, -128.0f), 127.0f);
-            q.e[j] = (int8_t)__float_as_uint(__fadd_rn(c, 12582912.0f));
-        }
+        for (int j = 0; j < N; j++) q.e[j] = int8_code<FINITE>(p[j], r_scale);
         store<int8_t, N>(a.y_q, i, q);
     }
 }
@@ -340,7 +206,7 @@ rmsnorm_registers(NormArgs a) {
         }
         if (a.prefetch_ahead) prefetch_row_l2<T, RESIDUAL, GATED>(a, row + a.prefetch_ahead, lane, row_threads);
         acc = row_reduce<WARP_PER_ROW>(acc);
-        const float r = inverse_rms(acc.sum, a, [&] {
+        const float r = inverse_rms(acc.sum, a.cols, a.eps, [&] {
             double sum = 0.0;
 #pragma unroll
             for (int k = 0; k < V; k++) {
@@ -392,7 +258,7 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             accumulate<T, N, QUANT>(acc, v, load<T, N>(a.weight, i), p);
         }
         acc = row_reduce<false>(acc);
-        const double r64 = inverse_rms(acc.sum, a, [&] {
+        const double r64 = inverse_rms(acc.sum, a.cols, a.eps, [&] {
             double sum = 0.0;
             for (int64_t i = first; i < a.cols; i += step)
                 sum += sum_squares64(load_input<T, N, GATED>(a, v_src, row, i));
@@ -423,10 +289,6 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
     }
 }
 
-/* Vectors per thread that have a kernel: up to WARP_MAX_V with a warp per row, BLOCK_MAX_V with a
- * block per row. */
-constexpr int V_CHOICES[] = {1, 2, 3, 4, 6, 8, 10, 12};
-
 template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, bool GATED, bool QUANT, int I = 0>
 void (*registers_kernel(int v))(NormArgs) {
     constexpr int count = sizeof V_CHOICES / sizeof *V_CHOICES;
@@ -437,13 +299,6 @@ void (*registers_kernel(int v))(NormArgs) {
             return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, GATED, QUANT>;
         return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, GATED, QUANT, I + 1>(v);
     }
-}
-
-/* The fewest vectors per thread (a V_CHOICES entry) covering `needed`, or 0 if none does. */
-int smallest_v(int64_t needed) {
-    for (int v : V_CHOICES)
-        if (v >= needed) return v;
-    return 0;
 }
 
 bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p % bytes == 0; }
@@ -462,20 +317,16 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     /* The register kernels need eps > 0, which keeps 1 / RMS a float (tiny_row_scale). Handling
      * tiny rows there too cost up to 1 us at T = 4096 on an H100 (docs/rmsnorm.md). */
     const bool in_registers = vectorized && a.eps > 0.0f;
-    const bool warp_sized = in_registers && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
-    /* With the residual's second stream of loads, a block per row was faster at every T. */
-    const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * gpu.sms;
+    RegisterLayout layout = {};
+    const bool held = in_registers && register_layout(vectors, a.rows, gpu.sms, RESIDUAL, &layout);
+    const bool warp_per_row = held && layout.warp_per_row;
     if (warp_per_row) {
-        kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
+        kernel = registers_kernel<T, N, true, false, GATED, QUANT>(layout.v);
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
-    } else if (in_registers && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
-        const bool narrow = warp_sized && a.rows >= (int64_t)BLOCK_NARROW_MIN_ROWS_PER_SM * gpu.sms;
-        int v = narrow ? 2
-                       : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
-        if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
-        kernel = registers_kernel<T, N, false, RESIDUAL, GATED, QUANT>(v);
-        threads = ((vectors + v - 1) / v + 31) / 32 * 32;
+    } else if (held) {
+        kernel = registers_kernel<T, N, false, RESIDUAL, GATED, QUANT>(layout.v);
+        threads = layout.row_threads;
         grid = a.rows;
     } else {
         kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, GATED, QUANT>
