@@ -19,9 +19,10 @@ import numpy as np
 from . import _arrays, _ffi
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Graph, Stream
+from .fused import relu2_rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import rope_append_kv
-from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm, rmsnorm_quantize
 from .ternary import TernaryWeights, gemv_w2a8, quantize_i2s
 
 BF16 = "bfloat16"
@@ -108,14 +109,15 @@ class Session:
 
     ``prefill(prompt)`` runs a [batch, P] prompt and returns the first greedy tokens; ``decode()``
     then produces one token per sequence per call. ``only`` (a set of op kinds) makes a step issue
-    just those ops, for the per-op time breakdown."""
+    just those ops, for the per-op time breakdown. ``fused``: one token (batch 1) runs each norm
+    inside the GEMV after it (rmsnorm_gemv_w2a8, the same results bit for bit; fused_layer)."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
              "output head", "argmax", "bookkeeping")
 
-    def __init__(self, weights, batch, capacity, device):
+    def __init__(self, weights, batch, capacity, device, fused=True):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
-        self.device = device
+        self.device, self.fused = device, fused
         self.stream = Stream(device) if device != _arrays.CPU else None
         self.only = None
         self.times = None  # on the CPU: seconds per op kind of the last step, when not None
@@ -218,7 +220,11 @@ class Session:
         N = self.batch * steps
         self.op("embedding", embedding, w.embedding, b["ids"], out=b["h"])
         residual = None
+        fused = self.fused and N == 1
         for index, layer in enumerate(w.layers):
+            if fused:
+                self.fused_layer(b, index, layer)
+                continue
             # attention block: h += o_proj(sub_norm(attention(rope(qkv(norm(h))))))
             if residual is None:
                 x_q, x_s = self.norm_quantize(b["h"], layer.attn_norm, b)
@@ -237,8 +243,11 @@ class Session:
             g_q, g_s = self.norm_quantize(b["gate_up"], layer.ffn_sub_norm, b, gated=True)
             self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
-        self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
-                out=b["y"])
+        if fused:  # the last down projection added its output to h already
+            self.op("rmsnorm (+int8)", rmsnorm, b["h"], w.final_norm, eps=c.eps, out=b["y"])
+        else:
+            self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
+                    out=b["y"])
         last = b["y"]
         if steps > 1:  # only each sequence's last token goes through the output head
             self.op("output head", embedding, b["y"], b["last_rows"], out=b["last"])
@@ -248,6 +257,24 @@ class Session:
         # the new tokens now sit in the cache: the next step starts after them and sees one more
         self.op("bookkeeping", add_int32, self.positions, steps)
         self.op("bookkeeping", add_int32, self.seq_lens, 1)
+
+    def fused_layer(self, b, index, layer):
+        """One layer for one token, each norm inside the GEMV after it (their kind: gemv_w2a8), the
+        residual adds in the o and down projections' epilogues: h is up to date after each."""
+        c = self.config
+        eps = c.eps
+        self.op("gemv_w2a8", rmsnorm_gemv_w2a8, b["h"], layer.attn_norm, layer.qkv, eps=eps,
+                out_dtype=BF16, out=b["qkv"])
+        self.op("rope + kv append", rope_append_kv, b["q"], b["k"], b["v"],
+                self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta)
+        self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
+                causal=True, seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"])
+        self.op("gemv_w2a8", rmsnorm_gemv_w2a8, _flat(b["attn"], 1, c.hidden), layer.attn_sub_norm,
+                layer.o, eps=eps, residual=b["h"], out=b["h"])
+        self.op("gemv_w2a8", rmsnorm_gemv_w2a8, b["h"], layer.ffn_norm, layer.gate_up, eps=eps,
+                out_dtype=BF16, out=b["gate_up"])
+        self.op("gemv_w2a8", relu2_rmsnorm_gemv_w2a8, b["gate_up"], layer.ffn_sub_norm, layer.down,
+                eps=eps, residual=b["h"], out=b["h"])
 
     def qkv(self, weights, x_q, x_s, b, steps):
         """q, k, v of the new tokens: one fused GEMV for a single token, whose output rows split

@@ -161,6 +161,13 @@ def valid_call(entry, mem, rng):
                                 y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
                                 y_scales=put(poison((2,), "float32")), stream=NULL),
                     ("y", "y_q", "y_scales"))
+    if entry == "rmsnorm_gemv_w2a8":  # float32 runs on the GPU too
+        return Call(entry, dict(device=d, dtype=0, T=2, K=128, x=put(values(rng, (2, 128), "float32")),
+                                gated=0, weight=put(values(rng, (128,), "float32")), eps=1e-5,
+                                w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
+                                w_scales=put(np.ones(3, np.float32)), M=3,
+                                residual=put(values(rng, (2, 3), "float32")),
+                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
     if entry == "attention":
         q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
         return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
@@ -201,7 +208,7 @@ def valid_call(entry, mem, rng):
 
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
-              "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
+              "rmsnorm", "relu2_rmsnorm", "rmsnorm_gemv_w2a8", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
               "gemv_bf16", "argmax", "embedding", "add_int32")
 
 
@@ -334,6 +341,23 @@ MUTATIONS = {
         Mutation("y_scales", "ALIAS:y", INVALID, "y and y_scales overlap"),
     ] + nulls("gate_up", "weight") + misaligned("gate_up", "weight", "y", "y_scales")
       + host_pointers("gate_up", "weight", "y", "y_q", "y_scales"),
+    "rmsnorm_gemv_w2a8": bad_devices() + non_positive(TERNARY, "M", "K", "T") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("gated", 2, INVALID, "gated must be 0 or 1"),
+        Mutation("y_dtype", 3, UNSUPPORTED, "int8 is not supported"),
+        Mutation("y_dtype", 50, INVALID, "is not a bitnet_dtype"),
+        Mutation("y_dtype", 4, INVALID, "a residual needs a float y_dtype"),
+        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("T", 1 << 57, INVALID, "overflow a 64-bit byte count"),  # T * K
+        Mutation("M", 1 << 61, INVALID, "overflow a 64-bit byte count"),  # M * K
+        Mutation("eps", math.nan, INVALID, "eps must be finite"),
+        Mutation("eps", -1e-6, INVALID, "eps must be finite and >= 0"),
+        Mutation("eps", 0.0, UNSUPPORTED, "needs eps > 0", "gpu"),
+    ] + pointers("x", "weight", "w_packed", "w_scales", "y",
+                 aligned=("x", "weight", "w_packed", "w_scales", "y"))
+      + misaligned("residual") + host_pointers("residual")
+      + overlaps(("y", "x", ("x", "y")), ("w_scales", "y", ("w_scales", "y")),
+                 ("y", "weight", ("weight", "y"))),
     "attention": bad_devices() + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C")
     + [
         Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),

@@ -258,3 +258,36 @@ def test_gpu_unsupported_cases_leave_out_untouched(rng):
     with pytest.raises(UnsupportedError, match="aligned to 16 bytes"):
         bn.rmsnorm_gemv_w2a8(unaligned, weight_g, tw_g, out=out)
     assert (out == 7.0).all()
+
+
+# ---------------------------------------------------------------- the model's decode step
+
+
+def decode_run(device, seed, fused, steps=5):
+    """Batch-1 prefill and greedy decode of the TINY model: (tokens, logits) of each step."""
+    from bitnet_ffi.model import TINY, Session, random_weights
+    session = Session(random_weights(TINY, device, seed), 1, 24, device, fused=fused)
+    prompt = np.random.default_rng(seed + 1).integers(0, TINY.vocab, (1, 7))
+    run = [(session.prefill(prompt), session.download(session.prefill_logits).copy())]
+    for _ in range(steps):
+        tokens = session.decode()
+        run.append((tokens, session.download(session.decode_buffers["logits"]).copy()))
+    return run
+
+
+def check_fused_decode(device, seed):
+    fused, unfused = decode_run(device, seed, True), decode_run(device, seed, False)
+    for (tokens, logits), (want_tokens, want_logits) in zip(fused, unfused):
+        np.testing.assert_array_equal(tokens, want_tokens)
+        np.testing.assert_array_equal(logits.view(np.uint32), want_logits.view(np.uint32))
+
+
+@pytest.mark.cpu
+def test_cpu_fused_decode_equals_unfused(rng):
+    """Greedy tokens and logits, bit for bit, with the norms fused into the GEMVs or not."""
+    check_fused_decode(bn._arrays.CPU, int(rng.integers(1 << 30)))
+
+
+@pytest.mark.gpu
+def test_gpu_fused_decode_equals_unfused(rng):
+    check_fused_decode(0, int(rng.integers(1 << 30)))
