@@ -87,13 +87,13 @@ def run(args):
     config = Config(**{**BITNET_2B4T.__dict__, "layers": layers})
     context = args.prompt_len + args.tokens
     report.update(layers=layers, batch=args.batch, prompt_len=args.prompt_len, tokens=args.tokens,
-                  fused=not args.no_fuse and args.batch == 1)
+                  fused=args.fuse and args.batch == 1)
 
     start = time.perf_counter()
     weights = random_weights(config, device, args.seed, progress("quantizing layers"))
     say(f"weights: {layers} layers quantized by quantize_i2s in {time.perf_counter() - start:.1f} s")
     session = Session(weights, args.batch, context + TIMED_REPLAYS + 1, device,
-                      fused=not args.no_fuse)
+                      fused=args.fuse)
     prompt = np.random.default_rng(args.seed + 1).integers(0, config.vocab,
                                                            (args.batch, args.prompt_len))
     if device != _arrays.CPU:
@@ -197,8 +197,8 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
-    parser.add_argument("--no-fuse", action="store_true",
-                        help="batch 1: run the norms as their own ops, not inside the GEMVs")
+    parser.add_argument("--fuse", action="store_true",
+                        help="batch 1: run each norm inside the GEMV after it (rmsnorm_gemv_w2a8)")
     parser.add_argument("--check", action="store_true",
                         help="compare the GPU with the CPU on a reduced model; PASS or FAIL")
 

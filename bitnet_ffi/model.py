@@ -110,12 +110,13 @@ class Session:
     ``prefill(prompt)`` runs a [batch, P] prompt and returns the first greedy tokens; ``decode()``
     then produces one token per sequence per call. ``only`` (a set of op kinds) makes a step issue
     just those ops, for the per-op time breakdown. ``fused``: one token (batch 1) runs each norm
-    inside the GEMV after it (rmsnorm_gemv_w2a8, the same results bit for bit; fused_layer)."""
+    inside the GEMV after it (rmsnorm_gemv_w2a8, the same results bit for bit; fused_layer). Off by
+    default: on an H100 that step measured slower (docs/log/2026-11-26-decode-fusion.md)."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
              "output head", "argmax", "bookkeeping")
 
-    def __init__(self, weights, batch, capacity, device, fused=True):
+    def __init__(self, weights, batch, capacity, device, fused=False):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
         self.device, self.fused = device, fused
         self.stream = Stream(device) if device != _arrays.CPU else None

@@ -187,7 +187,8 @@ def gpu_unfused(torch, x, weight, tw, eps, gated, out_dtype, residual=None):
 
 
 # The 2B4T decode projections (qkv, o, gate|up, down), awkward M, long rows (K > 10240 takes the
-# kernel's L2 prefetch), and M large enough for two rounds of tiles (BLOCK_MAJOR_TAIL).
+# kernel's L2 prefetch; float32 K = 27648 is over the fused kernel's limit: UnsupportedError), and M
+# large enough for two rounds of tiles (BLOCK_MAJOR_TAIL).
 GPU_SHAPES = [(3840, 2560, False), (2560, 2560, False), (13824, 2560, False), (2560, 6912, True),
               (1, 128, False), (7, 384, True), (333, 12288, False), (37, 27648, True),
               (40000, 1024, False)]
@@ -201,6 +202,12 @@ def test_gpu_matches_unfused(rng, M, K, gated, dtype, T):
     torch = pytest.importorskip("torch")
     x, weight, tw, w_q, w_scales, residual = make_problem(rng, T, M, K, dtype, gated)
     x_g, weight_g, tw_g = to_gpu(torch, x), to_gpu(torch, weight), gpu_weights(torch, tw)
+    if K * x.itemsize > 4096 * 16:  # rows bitnet_rmsnorm does not hold in registers
+        out = torch.full((T, M), 7.0, device="cuda")
+        with pytest.raises(UnsupportedError, match="over the GPU kernel's limit"):
+            fused(x_g, weight_g, tw_g, 1e-5, gated, out=out)
+        assert (out == 7.0).all()
+        return
     for out_dtype in OUT_DTYPES:
         out = torch.full((T, M), 0x7F, dtype=getattr(torch, out_dtype), device="cuda")
         fused(x_g, weight_g, tw_g, 1e-5, gated, out_dtype=out_dtype, out=out)
