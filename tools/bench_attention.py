@@ -11,7 +11,7 @@ kernel.
 
     python tools/bench_attention.py [--json results.json] [--quick]
 
-For A/B runs of kernel variants (tools/ab_variants.sh): --no-torch times our calls alone (torch SDPA
+For A/B runs of kernel variants (tools/dev/ab_variants.sh): --no-torch times our calls alone (torch SDPA
 still checks the first call's output), --decode-cases picks the decode cases, e.g. 1x4096,8x4096.
 
 CPU (--cpu): the same heads, causal, bf16 and float32, on every CPU SIMD path this machine runs,

@@ -3,7 +3,7 @@
 
     python tools/report.py RESULT.json ... [--charts DIR] [--title "H100, 2026-11-22, abc1234"]
     python tools/report.py --page docs/results/RUN.json > BENCHMARKS.md   # the results page
-    python tools/report.py --ab NAME=RESULT.json ...   # A/B rounds of variants (tools/ab_variants.sh)
+    python tools/report.py --ab NAME=RESULT.json ...   # A/B rounds of variants (tools/dev/ab_variants.sh)
 
 Each chart puts ours beside torch's figures of the same run and, for the W2A8 GEMV, beside
 Microsoft's (docs/results/anchors.md); bandwidth is shown as a share of the read bandwidth measured in the run.

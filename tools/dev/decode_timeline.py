@@ -1,9 +1,9 @@
 """Where a decode call's time goes on the cluster path: per-block %globaltimer stamps, in the steady
 state of back-to-back calls as bench_attention.py times them.
 
-    python tools/decode_timeline.py instrument scratch/timeline.cu
-    tools/ab_variants.sh native/src/cuda/attention_decode.cu 0 scratch/timeline.cu   # builds it
-    BITNET_LIB=/tmp/ab/timeline/build/libbitnet.so python tools/decode_timeline.py run 4096 1024
+    python tools/dev/decode_timeline.py instrument timeline.cu
+    tools/dev/ab_variants.sh native/src/cuda/attention_decode.cu 0 timeline.cu   # builds it
+    BITNET_LIB=/tmp/ab/timeline/build/libbitnet.so python tools/dev/decode_timeline.py run 4096 1024
 
 `instrument` writes a copy of native/src/cuda/attention_decode.cu in which thread 0 of every block
 of the cluster kernels stamps: its start, the PDL wait's return, tiles 0, 1, 2 and the last in
@@ -17,13 +17,14 @@ that store. The stamps cost about 0.5 µs per call at L = 4096 (H100, 2026-11-25
 import argparse
 import ctypes
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from gpu_bench import graph_time_us
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+from gpu_bench import graph_time_us  # noqa: E402
 SOURCE = REPO / "native" / "src" / "cuda" / "attention_decode.cu"
 CALLS, REPLAYS, CAPACITY = 50, 5, 1 << 16
 STAMPS = ["block started", "PDL wait returned", "tile 0 in shared memory", "tile 1", "tile 2",
