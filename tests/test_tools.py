@@ -36,9 +36,11 @@ def import_tool(name, folder="tools"):
 
 
 def test_every_test_that_gpu_sanitize_runs_exists():
-    script = (REPO / "tools" / "gpu_sanitize.sh").read_text()
-    ids = re.findall(r"tests/test_\w+\.py::\w+(?:\[[^\]]*\])?", script)
-    assert len(ids) >= 10, ids
+    listing = subprocess.run(["bash", str(REPO / "tools" / "gpu_sanitize.sh"), "--list"],
+                             capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    ids = listing.stdout.split()
+    assert len(ids) >= 10 and all(re.fullmatch(r"tests/test_\w+\.py::\w+(\[[^\]]*\])?", i) for i in ids), ids
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
         cwd=REPO, capture_output=True, text=True)

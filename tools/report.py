@@ -380,6 +380,14 @@ MARKDOWN = {"gemv": gemv_markdown, "rmsnorm": rmsnorm_markdown, "attention": att
 CHARTS = {"gemv": gemv_chart, "rmsnorm": rmsnorm_chart, "attention": attention_chart}
 
 
+def emit(result, json_path=None):
+    """The end of every benchmark tool: print the result's table, and write its JSON if asked."""
+    print(MARKDOWN[result["tool"]](result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", help="JSON files from the benchmarks and the demo")
