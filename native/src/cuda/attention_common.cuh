@@ -116,9 +116,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* 2^x for x <= 0 (a softmax weight): ex2.approx with subnormal results flushed to 0, one MUFU
  * instruction where exp2f adds a subnormal range check and two multiplies. A weight below 2^-126
- * beside the largest one (1) changes no float32 sum. On an H100 it took decode at batch 1 from 4.3
- * to 4.1 us (L = 1024) and 33.2 to 32.6 us (L = 32768), prefill at L = 4096 from 251 to 259
- * TFLOP/s. */
+ * beside the largest one (1) changes no float32 sum. Faster for decode and prefill
+ * (docs/log/2026-11-23.md#2026-11-23-18). */
 __device__ __forceinline__ float exp2_weight(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -12,9 +12,9 @@
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
- * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 3.7
- * us (L = 1024), 5.9-6.3 us (4096), 82-90% of read bandwidth (32768), by machine; B = 8, L = 32768
- * at 94-96% (docs/attention.md). */
+ * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold (BENCHMARKS.md,
+ * 2026-11-26): B = 1 at 3.7 us (L = 1024), 5.9 us (4096), 89% of read bandwidth (32768); B = 8,
+ * L = 32768 at 94%. Why each constant has its value: docs/attention.md, tuning rules, and docs/log/. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,7 +44,7 @@ constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
  * most 65535), a block's rows and output float4s by the group size and the split count, and the
  * cluster path's tile count. A generic 32-bit division takes about 20 dependent instructions, and
  * the tail of a call (the warps' combine, the pushes, the finishing step) is a chain of such
- * indices: H100, B = 1, L = 4096, 6.6 -> 6.2 us with out_row by value (BENCHMARKS.md). */
+ * indices, so none of them is a generic division (docs/log/2026-11-24.md#2026-11-24-8). */
 struct SmallDivisor {
     uint32_t d, magic;
     static SmallDivisor of(uint32_t d) { return {d, (uint32_t)(((1ull << 32) + d - 1) / d)}; }
@@ -58,17 +58,14 @@ struct SmallDivisor {
 constexpr int kSplitStages = 2;
 
 /* The cluster path's stages per block, 128 to 192 KB at D = 128: 5, 4 where a split has at most 4
- * tiles, 6 where it has 16 or more. Measured when every kernel kept all its stages but one in
- * flight (H100, B = 1, 4 / 5 / 6 stages): L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us;
- * 8192 10.6 / 10.5 / 10.8; 16384 18.0-18.3 / 17.4-17.6 / 17.2-17.4; 32768 32.2-32.3 / 31.7-31.9 /
- * 31.4-31.7 (3 stages there: 65% of read bandwidth). */
+ * tiles, 6 where it has 16 or more: the fastest count for each split length on an H100
+ * (docs/log/2026-11-23.md#2026-11-23-19). */
 int cluster_stages(int64_t split_tiles) { return split_tiles <= 4 ? 4 : split_tiles < 16 ? 5 : 6; }
 
 /* Tiles that a block prefetches into L2 before its PDL wait: its first load's, except on the cluster
  * path where a split has more tiles than that load takes: there only 2. The blocks that start
- * early, beside the previous call, would otherwise delay its last loads with their burst (H100, B =
- * 1, 5 stages, 4 or 5 tiles -> 2: L = 8192 11.0 -> 10.5 us, 16384 18.2 -> 17.5, 32768 32.6 -> 31.8;
- * 8 to 16 tiles made 32768 slower, 33.2 to 37 us). */
+ * early, beside the previous call, would otherwise delay its last loads with their burst; more
+ * than 2 was slower (docs/log/2026-11-23.md#2026-11-23-19). */
 template <bool CLUSTER, int STAGES> __device__ __forceinline__ int prefetch_tiles(int split_tiles) {
     return CLUSTER && split_tiles > STAGES - 1 ? 2 : STAGES;
 }
@@ -77,9 +74,8 @@ template <bool CLUSTER, int STAGES> __device__ __forceinline__ int prefetch_tile
  * tile's max passes it by more than kLazyMaxStep (log2 units), and rescales the accumulators only
  * then, on a warp-uniform branch: with random scores, at the first tile only. In between, the
  * weights reach up to 2^kLazyMaxStep, which the float32 sums and the bf16 or f16 probabilities hold
- * with the same relative rounding. H100, B = 1, L = 4096: 6.16-6.21 -> 5.95-6.04 us. With every
- * kernel lazy, L = 8192 and 16384 took 0.2-0.4 us longer (why is not known), so the longer splits
- * keep online_softmax_step's exact max (BENCHMARKS.md, 2026-11-24). */
+ * with the same relative rounding. Only the 4-stage kernel is lazy: the longer splits keep
+ * online_softmax_step's exact max, which was faster for them (docs/log/2026-11-24.md#2026-11-24-9). */
 constexpr int kLazyRescaleStages = 4;
 constexpr float kLazyMaxStep = 8.0f;
 
@@ -131,8 +127,7 @@ struct DecodeShared {
     std::conditional_t<CLUSTER, ClusterInbox<D>, NoInbox> inbox;
 };
 /* Rows padded by 8 floats: a warp's float2 stores of its accumulator fragments (rows g, columns 2t)
- * then hit 32 different banks (unpadded, 8-way conflicts made this combine 1.1 us instead of 0.65 at
- * batch 1, L = 1024). */
+ * then hit 32 different banks; unpadded they conflict 8 ways (docs/log/2026-11-22.md#2026-11-22-10). */
 constexpr int kCombinePad = 8;
 template <int D>
 struct DecodeCombine { /* overlays DecodeShared::k and ::v */
@@ -143,9 +138,8 @@ struct DecodeCombine { /* overlays DecodeShared::k and ::v */
 
 /* Copies keys [key0, key0 + kTileKeys) of one KV head into a stage; rows at or past `keys_end`
  * become zeros (nothing is read there). Prefill's load_rows issues the same copies in the same
- * order with the offset computed once per thread. Here that was slower on the cluster path (H100,
- * B = 1, strided splits: L = 4096 6.69-6.78 -> 6.90-6.95 us, 32768 31.1-31.4 -> 33.8-33.9) and
- * 1-2% faster at batch 8 (BENCHMARKS.md, 2026-11-24); why is not known. */
+ * order with the offset computed once per thread; here that was slower on the cluster path
+ * (docs/log/2026-11-24.md#2026-11-24-3). */
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[D / 8], const T *k,
                                           const T *v, int64_t stride, int key0, int keys_end) {
@@ -163,7 +157,8 @@ __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[
 /* Hints that keys [key_begin, key_end) of a head will be read soon: L2 prefetches (sm_90, where
  * programmatic dependent launch lets them run before the previous kernel ends). L2 is where the
  * previous kernel's writes land, so a prefetch issued before waiting for it cannot make a later
- * load stale. (cp.async.bulk.prefetch of whole rows was measured slower.) */
+ * load stale. One prefetch.global.L2 per 128-byte line: cp.async.bulk.prefetch of whole rows was
+ * slower (docs/log/2026-11-25.md#2026-11-25-3). */
 template <typename T, int D>
 __device__ __forceinline__ void prefetch_keys_l2(const T *k, const T *v, int64_t stride, int key_begin,
                                                  int key_end) {
@@ -315,8 +310,8 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
  * 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide n tile. The parameters come in
  * the order the prologue first reads them: a block on an SM that has not run this kernel yet (the
  * clusters that start only once the previous call ends) misses the constant cache on each line of
- * parameters in turn, and the prologue's now share the first (44 bytes). H100, B = 1: L = 4096
- * 6.16-6.21 -> 5.99-6.17 us, 32768 30.4-31.0 -> 30.1-30.7. */
+ * parameters in turn, and the prologue's share the first (44 bytes)
+ * (docs/log/2026-11-24.md#2026-11-24-9). */
 template <typename T, int D, bool CLUSTER, int STAGES>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, const T *__restrict__ v, int C,
@@ -331,8 +326,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     /* Tiles issued ahead of the one computed. The 5- and 6-stage kernels issue one less than their
      * stages allow: iteration i then refills the stage that iteration i - 2 read, which every warp
      * has left once it passes iteration i - 1's barrier, so their key loop needs one barrier per
-     * tile instead of two. H100, B = 1: L = 32768 30.7-31.0 -> 29.8-30.2 us, 65536 59.4-60.3 ->
-     * 58.3-59.0, 8192 and 16384 0.1 us less (BENCHMARKS.md, 2026-11-26). The others keep every stage
+     * tile instead of two (docs/log/2026-11-26.md#2026-11-26-1). The others keep every stage
      * but one in flight: the 4-stage kernel takes all of its split's tiles at once, and the split
      * path has only 2 stages. */
     constexpr int kAhead = CLUSTER && STAGES > kLazyRescaleStages ? kStageCount - 2 : kStageCount - 1;
@@ -345,8 +339,8 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
     /* This block's keys: every num_splits-th 64-key tile below L, from tile `split` on, so that the
-     * splits of all heads read neighbouring tiles at the same time. Contiguous shares per split were
-     * slower (H100, three A/B runs: B = 1, L = 4096 7.09-7.25 -> 6.61-6.91 us; batch 8 1-2%). */
+     * splits of all heads read neighbouring tiles at the same time (contiguous shares per split
+     * were slower: docs/log/2026-11-24.md#2026-11-24-3). */
     int tile_count;
     auto split_tiles = [&](int keys) {
         const int tiles = (keys + kTileKeys - 1) / kTileKeys;
@@ -357,8 +351,8 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     const int row0 = kv_heads.div(blockIdx.y) * kRows;
     const int rows = min(kRows, Sq * (int)group.d - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
-     * (With seq_lens, L may come from the previous kernel; guessing L = C prefetched tiles past L
-     * and made the batch-8 demo's attention twice as slow.) */
+     * With seq_lens, L may come from the previous kernel: nothing is prefetched, since guessing
+     * L = C would fetch tiles past L. */
     if (seq_lens == nullptr) {
         split_tiles(C);
         const int n = min(tile_count, prefetch_tiles<CLUSTER, STAGES>(tile_count));
@@ -393,9 +387,9 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         cp_async_commit();
     }
 
-    /* Here, behind the first loads: its fence before the PDL wait made the demo's decode step 2%
-     * slower (where seq_lens leave nothing to prefetch), and before the prefetches, L = 4096 8.6 us
-     * instead of 7.4. */
+    /* Here, behind the first loads: the fence of its mbarrier's initialization delays whatever
+     * follows it, so it must not precede the PDL wait or the loads
+     * (docs/log/2026-11-26.md#2026-11-26-4). */
     if constexpr (CLUSTER) inbox_open(sm.inbox, split, num_splits, rows);
     /* This lane's rows g and g + 8 see keys up to last_key[.] (rows past `rows` are padding). */
     int last_key[2];
@@ -419,10 +413,9 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
                             tile_at(ahead) * kTileKeys, L);
         }
         /* The cluster path lets the next kernel launch once this block has issued its last load,
-         * so that its blocks start on the free SMs and prefetch while this one finishes (H100, B =
-         * 1: L = 4096 8.0 -> 7.5 us, 32768 34.5 -> 33.4). Where the prologue issued every tile,
-         * that waits for the end of the key loop: launching at the kernel's start was slower at
-         * L = 1024 (4.3 -> 4.45-4.5 us). */
+         * so that its blocks start on the free SMs and prefetch while this one finishes. Where the
+         * prologue issued every tile, that waits for the end of the key loop: launching at the
+         * kernel's start was slower (docs/log/2026-11-26.md#2026-11-26-4). */
         if (CLUSTER && ahead == tile_count) bn_pdl_launch_dependents();
         cp_async_commit();
         cp_async_wait<kAhead>();
