@@ -1,22 +1,24 @@
 """Where a decode call's time goes on the cluster path: per-block %globaltimer stamps, in the steady
 state of back-to-back calls as bench_attention.py times them.
 
-    python tools/dev/decode_timeline.py instrument timeline.cu
-    tools/dev/ab_variants.sh native/src/cuda/attention_decode.cu 0 timeline.cu   # builds it
-    BITNET_LIB=/tmp/ab/timeline/build/libbitnet.so python tools/dev/decode_timeline.py run 4096 1024
+    python tools/dev/decode_timeline.py build             # build-timeline/libbitnet.so (sm_90)
+    python tools/dev/decode_timeline.py run 4096 1024     # on the GPU machine, after build
 
-`instrument` writes a copy of native/src/cuda/attention_decode.cu in which thread 0 of every block
-of the cluster kernels stamps: its start, the PDL wait's return, tiles 0, 1, 2 and the last in
-shared memory (the key loop's barrier), the loop's end, the warps' combine and pushes, every
-partial landed in its inbox, and its outputs stored. `run` times B = 1 decode (bf16, 20/5 heads,
-d = 128, inputs rotated through 512 MiB) in a CUDA graph of 50 calls, replays it 5 times with the
-stamps recorded, and prints, for the clusters that started before the previous call's last store
+`build` compiles the library with -DBITNET_TIMELINE, which turns on the hooks of
+native/src/cuda/timeline.cuh in attention_decode.cu (the default build compiles them to nothing):
+thread 0 of every block of the cluster kernels stamps its start, the PDL wait's return, tiles 0,
+1, 2 and the last in shared memory (the key loop's barrier), the loop's end, the warps' combine
+and pushes, every partial landed in its inbox, and its outputs stored. `run` times B = 1 decode
+(bf16, 20/5 heads, d = 128, inputs rotated through 512 MiB) in a CUDA graph of 50 calls with that
+library (BITNET_LIB, default build-timeline/libbitnet.so), replays it 5 times with the stamps
+recorded, and prints, for the clusters that started before the previous call's last store
 ("early") and after it ("late"), the median and 10th-90th percentiles of each stamp in ns after
-that store. The stamps cost about 0.5 µs per call at L = 4096 (H100, 2026-11-25).
+that store. The stamps cost about 0.5 µs per call at L = 4096 (docs/log/2026-11-25.md#2026-11-25-1).
 """
 import argparse
 import ctypes
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,101 +27,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools"))
 from gpu_bench import graph_time_us  # noqa: E402
-SOURCE = REPO / "native" / "src" / "cuda" / "attention_decode.cu"
-CALLS, REPLAYS, CAPACITY = 50, 5, 1 << 16
+
+BUILD_DIR = "build-timeline"
+CALLS, REPLAYS, CAPACITY = 50, 5, 1 << 16  # CAPACITY: kTimelineCapacity of timeline.cuh
 STAMPS = ["block started", "PDL wait returned", "tile 0 in shared memory", "tile 1", "tile 2",
           "last tile", "key loop done", "combined and pushed", "every partial landed",
           "outputs stored"]
+# TimelineRecord of native/src/cuda/timeline.cuh
 RECORD = np.dtype([("t", "<u8", len(STAMPS)), ("smid", "<u4"), ("bx", "<u4"), ("by", "<u4"),
                    ("slot", "<u4"), ("out", "<u8")])
-
-PROBE = """
-/* decode_timeline.py: thread 0's stamps per block, one record per block in launch order. */
-struct TimelineRecord {
-    unsigned long long t[%d];
-    unsigned smid, bx, by, slot;
-    unsigned long long out;
-};
-constexpr unsigned kTimelineCapacity = %du;
-__device__ TimelineRecord g_timeline[kTimelineCapacity];
-__device__ unsigned g_timeline_count;
-__device__ __forceinline__ unsigned long long timeline_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ unsigned timeline_smid() {
-    unsigned s;
-    asm volatile("mov.u32 %%0, %%%%smid;" : "=r"(s));
-    return s;
-}
-""" % (len(STAMPS), CAPACITY)
-
-EXPORTS = """
-extern "C" int bitnet_timeline_reset(void) {
-    unsigned zero = 0;
-    return (int)cudaMemcpyToSymbol(g_timeline_count, &zero, sizeof zero);
-}
-extern "C" int bitnet_timeline_read(void *records, unsigned *count) {
-    cudaError_t status = cudaMemcpyFromSymbol(count, g_timeline_count, sizeof *count);
-    if (status == cudaSuccess) status = cudaMemcpyFromSymbol(records, g_timeline, sizeof g_timeline);
-    return (int)status;
-}
-"""
-
-# (what, text of attention_decode.cu, its replacement); each text must occur exactly once.
-EDITS = [
-    ("the probe's globals", "namespace cg = cooperative_groups;\n",
-     "namespace cg = cooperative_groups;\n" + PROBE),
-    ("finish_owned's parameters", "OutRow out_row, T *__restrict__ out) {\n",
-     "OutRow out_row, T *__restrict__ out, TimelineRecord *record) {\n"),
-    ("finish_owned's wait for the pushes",
-     '" selp.u32 %0, 1, 0, p; }" : "=r"(landed) : "r"(shared_addr(&inbox.landed)) : "memory");\n',
-     '" selp.u32 %0, 1, 0, p; }" : "=r"(landed) : "r"(shared_addr(&inbox.landed)) : "memory");\n'
-     "    if (record && threadIdx.x == 0) record->t[8] = timeline_now();\n"),
-    ("finish_owned's stores", "        store4(out + out_row(r) * D + d, acc, l_tot);\n    }\n",
-     "        store4(out + out_row(r) * D + d, acc, l_tot);\n    }\n"
-     "    if (record && threadIdx.x == 0) record->t[9] = timeline_now();\n"),
-    ("the kernel's start", "    constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;\n",
-     "    constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;\n"
-     "    unsigned long long stamp[8] = {};\n    unsigned slot = 0;\n"
-     "    if (CLUSTER && threadIdx.x == 0) {\n        stamp[0] = timeline_now();\n"
-     "        slot = atomicAdd(&g_timeline_count, 1u) % kTimelineCapacity;\n    }\n"),
-    ("the PDL wait", "    bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */\n",
-     "    bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */\n"
-     "    stamp[1] = timeline_now();\n"),
-    ("the key loop's first use of a tile", "        if (i == 0) {\n#pragma unroll\n",
-     "        {\n            const unsigned long long now = timeline_now();\n"
-     "            if (i == 0) stamp[2] = now;\n"
-     "            if (i == 1) stamp[3] = now;\n"
-     "            if (i == 2) stamp[4] = now;\n"
-     "            if (i == tile_count - 1) stamp[5] = now;\n        }\n"
-     "        if (i == 0) {\n#pragma unroll\n"),
-    ("the key loop's end",
-     "    __syncthreads(); /* every warp is done with the tiles before they hold partial results */\n",
-     "    __syncthreads(); /* every warp is done with the tiles before they hold partial results */\n"
-     "    stamp[6] = timeline_now();\n"),
-    ("the finishing step's call",
-     "    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out);",
-     "    TimelineRecord *record = nullptr;\n"
-     "    if (CLUSTER && threadIdx.x == 0) {\n        stamp[7] = timeline_now();\n"
-     "        record = &g_timeline[slot];\n"
-     "#pragma unroll\n        for (int s = 0; s < 8; s++) record->t[s] = stamp[s];\n"
-     "        record->smid = timeline_smid(), record->bx = blockIdx.x, record->by = blockIdx.y;\n"
-     "        record->slot = slot, record->out = (unsigned long long)out;\n    }\n"
-     "    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out, record);"),
-]
-
-
-def instrument(text):
-    """The stamped copy of attention_decode.cu's text; SystemExit naming every place not found."""
-    missing = [what for what, old, _ in EDITS if text.count(old) != 1]
-    if missing:
-        raise SystemExit("decode_timeline.py: attention_decode.cu changed; update EDITS for: "
-                         + ", ".join(missing))
-    for _, old, new in EDITS:
-        text = text.replace(old, new)
-    return text + EXPORTS
 
 
 def calls_of(records, blocks):
@@ -182,7 +98,7 @@ def run(lengths):
     import torch
     import bitnet_ffi
     from bench_attention import HKV, decode_inputs
-    lib = ctypes.CDLL(os.environ["BITNET_LIB"])
+    lib = ctypes.CDLL(os.environ["BITNET_LIB"])  # set by main before bitnet_ffi loads it
     buffer, count = np.zeros(CAPACITY, RECORD), ctypes.c_uint(0)
     for L in lengths:
         sets = decode_inputs(1, L)
@@ -213,18 +129,25 @@ def run(lengths):
         torch.cuda.empty_cache()
 
 
+def build():
+    """make BUILD_DIR=build-timeline CUDA_ARCHS=90 with -DBITNET_TIMELINE added to the Makefile's
+    NVCCFLAGS (through the environment: the Makefile appends its own flags to it)."""
+    env = dict(os.environ, NVCCFLAGS="-O3 -DBITNET_TIMELINE")
+    subprocess.run(["make", f"BUILD_DIR={BUILD_DIR}", "CUDA_ARCHS=90"], cwd=REPO, env=env, check=True)
+    return REPO / BUILD_DIR / "libbitnet.so"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("instrument", help="write the stamped copy of attention_decode.cu").add_argument("path")
-    sub.add_parser("run", help="print the timelines (BITNET_LIB: a build of the copy)").add_argument(
+    sub.add_parser("build", help=f"build {BUILD_DIR}/libbitnet.so with the timeline hooks")
+    sub.add_parser("run", help=f"print the timelines (BITNET_LIB: default {BUILD_DIR}/libbitnet.so)").add_argument(
         "lengths", nargs="*", type=int, default=[4096, 1024])
     args = parser.parse_args()
-    if args.command == "instrument":
-        path = Path(args.path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(instrument(SOURCE.read_text()))
+    if args.command == "build":
+        print(build())
     else:
+        os.environ.setdefault("BITNET_LIB", str(REPO / BUILD_DIR / "libbitnet.so"))
         run(args.lengths)
 
 

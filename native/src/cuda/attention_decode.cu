@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "attention_common.cuh"
+#include "timeline.cuh"
 
 namespace {
 
@@ -243,7 +244,7 @@ __device__ __forceinline__ void store4(T *out, float4 acc, float l) {
  * out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). */
 template <typename T, int D, typename OutRow>
 __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDivisor splits, int rows,
-                             OutRow out_row, T *__restrict__ out) {
+                             OutRow out_row, T *__restrict__ out BN_TIMELINE(, TimelineRecord *record)) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, splits);
     const int n_splits = (int)splits.d;
@@ -252,6 +253,7 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDiviso
     while (!landed)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;"
                      " selp.u32 %0, 1, 0, p; }" : "=r"(landed) : "r"(shared_addr(&inbox.landed)) : "memory");
+    BN_TIMELINE(if (record) record->t[8] = timeline_now();)
     for (int local = threadIdx.x; rank + local * n_splits < n4; local += kThreads) {
         const int j = rank + local * n_splits, r = j / (D / 4), d = j % (D / 4) * 4;
         float m[kMaxClusterSplits], l[kMaxClusterSplits];
@@ -277,6 +279,7 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDiviso
         }
         store4(out + out_row(r) * D + d, acc, l_tot);
     }
+    BN_TIMELINE(if (record) record->t[9] = timeline_now();)
 #endif
 }
 
@@ -323,6 +326,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
 #endif
     constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
     constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;
+    BN_TIMELINE(TimelineBlock timeline; if (CLUSTER) timeline.start();)
     /* Tiles issued ahead of the one computed. The 5- and 6-stage kernels issue one less than their
      * stages allow: iteration i then refills the stage that iteration i - 2 read, which every warp
      * has left once it passes iteration i - 1's barrier, so their key loop needs one barrier per
@@ -361,6 +365,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
                                    min(C, (tile_at(i) + 1) * kTileKeys));
     }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
+    BN_TIMELINE(timeline.at(1);)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int L = seq_lens ? seq_lens[b] : C;
     auto out_row = [=](int r) { /* the row of out (and of q) that block row r is */
@@ -424,6 +429,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
                 copied_chunks_nonfinite<T, D, kTileKeys, kThreads>(sm.v[stage]));
         else
             __syncthreads();
+        BN_TIMELINE(timeline.tile(i, tile_count);)
         if (i == 0) {
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
@@ -482,6 +488,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     }
     cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the tiles before they hold partial results */
+    BN_TIMELINE(timeline.at(6);)
     if (!CLUSTER || tile_count < kAhead) bn_pdl_launch_dependents(); /* see above */
 
     /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory (rows 8-15
@@ -539,7 +546,8 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
             }
         }
     }
-    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out);
+    BN_TIMELINE(TimelineRecord *record = CLUSTER ? timeline.store(out) : nullptr;)
+    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out BN_TIMELINE(, record));
 }
 
 /* One block per output row: w_s = 2^(m_s - max m), out = sum_s w_s acc_s / sum_s w_s l_s. Each warp
