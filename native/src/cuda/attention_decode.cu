@@ -736,24 +736,13 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
 
 } // namespace
 
-bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
-                                int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
-                                int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
-                                void *out, void *workspace, int64_t num_splits, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    int major = 0;
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (major < 8)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: CUDA device %d has compute "
-                       "capability %d.x; the attention kernels need 8.0 or newer", device, major);
-    cudaStream_t s = bn_stream(stream);
-    if (!bn_attention_uses_decode(Sq, Hq, Hkv))
-        return bn_cuda_attention_prefill(device, dtype, B, Sq, Hq, Hkv, D, q, k, v, C, seq_lens,
-                                         causal, scale, out, s);
+bitnet_status bn_cuda_attention_decode(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                                       int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
+                                       int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
+                                       void *out, void *workspace, int64_t num_splits, cudaStream_t stream) {
     bool bf16 = dtype == BITNET_DTYPE_BF16;
     auto launch = D == 64 ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
                           : (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>);
     return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, workspace,
-                  num_splits, s);
+                  num_splits, stream);
 }
