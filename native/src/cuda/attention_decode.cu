@@ -306,6 +306,97 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
     }
 }
 
+/* A sequence whose device-resident length is out of range gets NaN outputs (valid_seq_len). */
+template <typename T, int D, typename OutRow>
+__device__ __forceinline__ void write_nan_rows(T *__restrict__ out, int rows, OutRow out_row) {
+    for (int i = threadIdx.x; i < rows * D; i += kThreads)
+        out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
+}
+
+/* The key loop's prologue: the first `AHEAD` tiles of this block, one cp.async group each; the first
+ * group also brings the block's q rows (rows past `rows` become zeros). */
+template <typename T, int D, int AHEAD, typename Shared, typename TileAt, typename OutRow>
+__device__ __forceinline__ void issue_first_tiles(Shared &sm, const T *k_head, const T *v_head, int64_t stride,
+                                                  const T *__restrict__ q, int rows, int tile_count,
+                                                  TileAt tile_at, OutRow out_row, int L) {
+    constexpr int kChunks = D / 8;
+    for (int i = 0; i < AHEAD; i++) {
+        if (i < tile_count)
+            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
+        for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
+            int r = j / kChunks, chunk = j % kChunks;
+            cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
+                        r < rows);
+        }
+        cp_async_commit();
+    }
+}
+
+/* Combine the warps, first step: each writes its unnormalized rows, max and sum to shared memory
+ * (rows 8-15 only where they are not all padding). */
+template <int D>
+__device__ __forceinline__ void store_warp_partials(DecodeCombine<D> &combine, const float (&o)[D / 8][4],
+                                                    const float (&m_run)[2], const float (&l_run)[2],
+                                                    int rows, int warp, int lane) {
+    constexpr int kDimTiles = D / 8;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        if (half == 1 && rows <= 8) break;
+        int r = g + 8 * half;
+        float l = quad_sum(l_run[half]);
+        if (t == 0) {
+            combine.m[warp][r] = m_run[half];
+            combine.l[warp][r] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDimTiles; dt++)
+            *reinterpret_cast<float2 *>(&combine.o[warp][r][dt * 8 + 2 * t]) =
+                make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
+    }
+}
+
+/* Combine the warps, second step, one output float4 per thread at a time: the block's result,
+ * stored (one split), pushed to its owner (cluster path) or written to the workspace with its row's
+ * max and sum (split path, for merge_kernel). */
+template <typename T, int D, bool CLUSTER, typename Shared, typename OutRow>
+__device__ __forceinline__ void write_block_outputs(const DecodeCombine<D> &combine, Shared &sm, int rows,
+                                                    int split, SmallDivisor splits, OutRow out_row,
+                                                    T *__restrict__ out, float *__restrict__ partial_out,
+                                                    float *__restrict__ partial_ml) {
+    const int num_splits = (int)splits.d;
+    for (int j = threadIdx.x; j < rows * (D / 4); j += kThreads) { /* output float4s */
+        const int r = j / (D / 4), d = j % (D / 4) * 4;
+        float m_tot = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) m_tot = fmaxf(m_tot, combine.m[w][r]);
+        const float base = m_tot == -INFINITY ? 0.0f : m_tot;
+        float l_tot = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            const float weight = exp2_weight(combine.m[w][r] - base);
+            const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
+            l_tot += weight * combine.l[w][r];
+            add_scaled(acc, weight, o);
+        }
+        const int64_t row = out_row(r);
+        if (num_splits == 1) {
+            store4(out + row * D + d, acc, l_tot);
+        } else if constexpr (CLUSTER) {
+            push_partial(sm.inbox, split, splits, rows, j, acc, m_tot, l_tot);
+        } else {
+            const int64_t slot = row * num_splits + split;
+            float *dst = partial_out + slot * D + d;
+            dst[0] = acc.x, dst[1] = acc.y, dst[2] = acc.z, dst[3] = acc.w;
+            if (d == 0) {
+                partial_ml[2 * slot] = m_tot;
+                partial_ml[2 * slot + 1] = l_tot;
+            }
+        }
+    }
+}
+
 /* Block (split, KV head + row block, sequence). Row r of the block is query row row0 + r of its KV
  * head: token (row0 + r) / G, head kvh * G + (row0 + r) % G. Warp w computes, for every 64-key
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
@@ -324,7 +415,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     if (CLUSTER) return; /* launched on sm_90 only (cluster_splits): no code for older GPUs */
 #endif
-    constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
+    constexpr int kDimTiles = D / 8, kStageCount = STAGES;
     constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;
     BN_TIMELINE(TimelineBlock timeline; if (CLUSTER) timeline.start();)
     /* Tiles issued ahead of the one computed. The 5- and 6-stage kernels issue one less than their
@@ -373,24 +464,12 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         return ((int64_t)b * Sq + group.div(row)) * Hq + kvh * (int)group.d + group.mod(row);
     };
     if (!valid_seq_len(L, C, Sq, causal)) {
-        if (num_splits == 1 || (CLUSTER && split == 0))
-            for (int i = threadIdx.x; i < rows * D; i += kThreads)
-                out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
+        if (num_splits == 1 || (CLUSTER && split == 0)) write_nan_rows<T, D>(out, rows, out_row);
         return; /* the whole cluster returns here; with a merge kernel, it writes the NaNs */
     }
     if (seq_lens) split_tiles(L); /* without, L = C: counted above */
 
-    /* One cp.async group per tile; the first also brings q. */
-    for (int i = 0; i < kAhead; i++) {
-        if (i < tile_count)
-            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
-        for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
-            int r = j / kChunks, chunk = j % kChunks;
-            cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
-                        r < rows);
-        }
-        cp_async_commit();
-    }
+    issue_first_tiles<T, D, kAhead>(sm, k_head, v_head, stride, q, rows, tile_count, tile_at, out_row, L);
 
     /* Here, behind the first loads: the fence of its mbarrier's initialization delays whatever
      * follows it, so it must not precede the PDL wait or the loads
@@ -491,22 +570,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     BN_TIMELINE(timeline.at(6);)
     if (!CLUSTER || tile_count < kAhead) bn_pdl_launch_dependents(); /* see above */
 
-    /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory (rows 8-15
-     * only where they are not all padding). */
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        if (half == 1 && rows <= 8) break;
-        int r = g + 8 * half;
-        float l = quad_sum(l_run[half]);
-        if (t == 0) {
-            combine.m[warp][r] = m_run[half];
-            combine.l[warp][r] = l;
-        }
-#pragma unroll
-        for (int dt = 0; dt < kDimTiles; dt++)
-            *reinterpret_cast<float2 *>(&combine.o[warp][r][dt * 8 + 2 * t]) =
-                make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
-    }
+    store_warp_partials<D>(combine, o, m_run, l_run, rows, warp, lane);
     if (hidden_nonfinite_v) {
         __syncwarp(); /* after the lanes' writes above */
         redo_warp_rows<T, D>(q, k_head, v_head, stride, combine, rows, row0, group, Sq, L, causal,
@@ -516,36 +580,8 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (CLUSTER) cg::this_cluster().barrier_wait(); /* every block may receive pushes */
 #endif
-    for (int j = threadIdx.x; j < rows * (D / 4); j += kThreads) { /* output float4s */
-        const int r = j / (D / 4), d = j % (D / 4) * 4;
-        float m_tot = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; w++) m_tot = fmaxf(m_tot, combine.m[w][r]);
-        const float base = m_tot == -INFINITY ? 0.0f : m_tot;
-        float l_tot = 0.0f;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int w = 0; w < kWarps; w++) {
-            const float weight = exp2_weight(combine.m[w][r] - base);
-            const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
-            l_tot += weight * combine.l[w][r];
-            add_scaled(acc, weight, o);
-        }
-        const int64_t row = out_row(r);
-        if (num_splits == 1) {
-            store4(out + row * D + d, acc, l_tot);
-        } else if constexpr (CLUSTER) {
-            push_partial(sm.inbox, split, splits, rows, j, acc, m_tot, l_tot);
-        } else {
-            const int64_t slot = row * num_splits + split;
-            float *dst = partial_out + slot * D + d;
-            dst[0] = acc.x, dst[1] = acc.y, dst[2] = acc.z, dst[3] = acc.w;
-            if (d == 0) {
-                partial_ml[2 * slot] = m_tot;
-                partial_ml[2 * slot + 1] = l_tot;
-            }
-        }
-    }
+    write_block_outputs<T, D, CLUSTER>(combine, sm, rows, split, splits, out_row, out, partial_out,
+                                       partial_ml);
     BN_TIMELINE(TimelineRecord *record = CLUSTER ? timeline.store(out) : nullptr;)
     if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out BN_TIMELINE(, record));
 }
