@@ -1,32 +1,9 @@
-/* The thread-local last-error message, version, and argument checks shared by every entry point. */
-#include <stdarg.h>
+/* The argument checks shared by every entry point: sizes, dtypes, devices, pointers (NULL,
+ * alignment, which device's memory) and overlapping arrays. Below them: the device count and a
+ * pointer's device, asked of the CUDA backend (device.c's entry points return the same). */
 #include <stdio.h>
 
 #include "internal.h"
-
-static _Thread_local char last_error[1024];
-
-bitnet_status bn_fail(bitnet_status status, const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    vsnprintf(last_error, sizeof last_error, format, args);
-    va_end(args);
-    return status;
-}
-
-bitnet_status bitnet_get_last_error(const char **message) {
-    if (!message) return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_get_last_error: message is NULL");
-    *message = last_error;
-    return BITNET_OK;
-}
-
-bitnet_status bitnet_get_version(int32_t *major, int32_t *minor, int32_t *patch) {
-    BN_CHECK(major && minor && patch, "bitnet_get_version: NULL output pointer");
-    *major = BN_VERSION_MAJOR;
-    *minor = BN_VERSION_MINOR;
-    *patch = BN_VERSION_PATCH;
-    return BITNET_OK;
-}
 
 int64_t bn_dtype_size(int32_t dtype) {
     switch (dtype) {
@@ -40,6 +17,26 @@ int64_t bn_dtype_size(int32_t dtype) {
 const char *bn_dtype_name(int32_t dtype) {
     static const char *names[] = {"float32", "float16", "bfloat16", "int8", "int32", "uint8"};
     return dtype >= 0 && dtype < (int32_t)(sizeof names / sizeof *names) ? names[dtype] : "unknown";
+}
+
+bitnet_status bn_device_count(int32_t *count, const char **reason) {
+#ifdef BITNET_HAVE_CUDA
+    return bn_cuda_device_count(count, reason);
+#else
+    *count = 0;
+    if (reason) *reason = BN_NO_CUDA_MESSAGE;
+    return BITNET_OK;
+#endif
+}
+
+bitnet_status bn_pointer_device(const void *ptr, int32_t *device) {
+#ifdef BITNET_HAVE_CUDA
+    return bn_cuda_pointer_device(ptr, device);
+#else
+    (void)ptr;
+    *device = BITNET_DEVICE_CPU;
+    return BITNET_OK;
+#endif
 }
 
 bitnet_status bn_check_size(const char *what, int64_t count, int64_t elem_size) {
@@ -75,7 +72,7 @@ bitnet_status bn_check_device(int32_t device) {
     BN_CHECK(device >= 0, "device %d is neither the CPU (-1) nor a CUDA device index", device);
     int32_t count = 0;
     const char *reason = "";
-    BN_TRY(bitnet_device_count(&count, &reason));
+    BN_TRY(bn_device_count(&count, &reason));
     if (device >= count)
         return bn_fail(BITNET_ERR_NO_DEVICE, "CUDA device %d does not exist (%d found%s%s)", device,
                        count, count ? "" : ": ", reason);
@@ -122,7 +119,7 @@ bitnet_status bn_check_pointer(int32_t device, const void *ptr, int64_t align, c
     BN_CHECK((uintptr_t)ptr % (uintptr_t)align == 0, "%s (%p) is not aligned to %lld bytes", name,
              ptr, (long long)align);
     int32_t where = BITNET_DEVICE_CPU;
-    BN_TRY(bitnet_pointer_device(ptr, &where));
+    BN_TRY(bn_pointer_device(ptr, &where));
     if (device == BITNET_DEVICE_CPU) {
         BN_CHECK(where == BITNET_DEVICE_CPU,
                  "%s (%p) is memory of CUDA device %d, but the op runs on the CPU", name, ptr, where);
