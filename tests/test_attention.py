@@ -1,6 +1,5 @@
 """Attention: CPU and CUDA against a float64 numpy reference, the GPU also against the CPU and torch
 SDPA; the split-KV decode and mma prefill paths; bad input at the C ABI and in Python."""
-import math
 
 import numpy as np
 import pytest
@@ -8,44 +7,11 @@ import pytest
 import bitnet_ffi
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
-from test_gemv_w2a8 import isa  # noqa: F401 (fixture: each CPU SIMD path this machine runs)
+
+from reference import ATTENTION_TOL as TOLERANCE, make_attention_inputs as make_qkv, reference_attention
 
 
-def reference_attention(q, k, v, causal=True, scale=None, seq_lens=None, rows=None):
-    """float64 attention; q [B, Sq, Hq, D], k and v [B, C, Hkv, D]; only query rows `rows` (all when
-    None) are computed, the others are NaN."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    B, Sq, Hq, D = q.shape
-    C, Hkv = k.shape[1], k.shape[2]
-    scale = 1 / math.sqrt(D) if scale is None else scale
-    out = np.full(q.shape, np.nan)
-    rows = np.arange(Sq) if rows is None else np.asarray(rows)
-    for b in range(B):
-        L = C if seq_lens is None else int(seq_lens[b])
-        kb = np.repeat(k[b, :L], Hq // Hkv, axis=1)            # [L, Hq, D]
-        vb = np.repeat(v[b, :L], Hq // Hkv, axis=1)
-        s = np.einsum("ihd,jhd->hij", q[b, rows], kb) * scale   # [Hq, rows, L]
-        if causal:
-            s[:, np.arange(L)[None, :] > (L - Sq + rows)[:, None]] = -np.inf
-        p = np.exp(s - s.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        out[b, rows] = np.einsum("hij,jhd->ihd", p, vb)
-    return out
-
-
-# Bound on |out - reference| relative to max |v|: the GPU rounds the probabilities to the input dtype
-# before the P.V product and every backend rounds the output; 4 ulps of the dtype cover both.
-TOLERANCE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 1.6e-2}
 HEADS = [(20, 5), (8, 8), (32, 8), (8, 1)]
-
-
-def make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=1.0):
-    """Random q, k, v as numpy arrays of `dtype` (normal, q scaled by `spread`)."""
-    nd = _arrays.numpy_dtype(dtype)
-    q = (rng.standard_normal((B, Sq, Hq, D)) * spread).astype(nd)
-    k = rng.standard_normal((B, C, Hkv, D)).astype(nd)
-    v = (rng.standard_normal((B, C, Hkv, D)) + 0.5).astype(nd)
-    return q, k, v
 
 
 def assert_close(out, ref, v, dtype, rows=None):

@@ -22,11 +22,10 @@ import bitnet_ffi as bn
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import InvalidArgumentError, NoDeviceError, UnsupportedError
 
-ffi = _ffi.ffi
+from reference import HOST, MISALIGNED, NULL, PAST_LAST_DEVICE, Memory, Out, c_value, ffi, valid_call
+
 OK, INVALID, UNSUPPORTED, NO_DEVICE = 0, 1, 2, 3
-NULL, MISALIGNED, HOST, PAST_LAST_DEVICE = "NULL", "MISALIGNED", "HOST", "PAST_LAST_DEVICE"
 BIG = 1 << 62
-SLACK = 64  # spare bytes after every buffer, so that a misaligned pointer stays inside it
 
 
 def has_cuda_build():
@@ -49,155 +48,7 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 # ---------------------------------------------------------------- memory the calls run on
 
 
-class Memory:
-    """Allocates the arrays of a call on the CPU (numpy) or on CUDA device 0 (torch), each
-    64-byte aligned with SLACK spare bytes, and reads them back as bytes."""
-
-    def __init__(self, gpu):
-        self.gpu = gpu
-        self.device = 0 if gpu else -1
-        self.keep = []  # host copies passed as HOST mutations stay alive until the call returns
-
-    def put(self, host):
-        host = np.ascontiguousarray(host)
-        raw = np.zeros(host.nbytes + 2 * SLACK, np.uint8)
-        start = -raw.ctypes.data % SLACK
-        buffer = raw[start:start + host.nbytes + SLACK]
-        buffer[:host.nbytes] = host.view(np.uint8).reshape(-1)
-        if not self.gpu:
-            return buffer
-        import torch
-        return torch.from_numpy(buffer).cuda()
-
-    def ptr(self, array):
-        return array.data_ptr() if self.gpu else array.ctypes.data
-
-    def host_copy_ptr(self, array):
-        host = Memory(False).put(self.read(array))
-        self.keep.append(host)
-        return host.ctypes.data
-
-    def read(self, array):
-        if self.gpu:
-            import torch
-            torch.cuda.synchronize()
-            return array.cpu().numpy().copy()
-        return array.copy()
-
-
-def poison(shape, dtype):
-    """0x7f bytes: a NaN in every float dtype, 127 in int8, a large int32."""
-    return np.full(int(np.prod(shape)) * _arrays.ITEMSIZE[dtype], 0x7F, np.uint8)
-
-
-def values(rng, shape, dtype):
-    data = rng.standard_normal(shape).astype(np.float32)
-    return data.astype(_arrays.numpy_dtype(dtype)).view(np.uint8).reshape(-1)
-
-
-@dataclass
-class Out:
-    """A scalar output parameter (int32_t *, void **, ...), pre-filled with a sentinel."""
-    ctype: str
-
-
-@dataclass
-class Call:
-    """One valid call: the C arguments by name in order, and which of them are written."""
-    entry: str
-    args: dict
-    outputs: tuple
-
-
 # ---------------------------------------------------------------- one valid call per entry point
-
-
-def float_dtype(mem):
-    """The float dtype of the attention and glue calls: float32 runs on the CPU only."""
-    return "float16" if mem.gpu else "float32"
-
-
-def valid_call(entry, mem, rng):
-    """The valid call of `entry` on `mem` (CPU or CUDA device 0)."""
-    d, put = mem.device, mem.put
-    fd = float_dtype(mem)
-    code = _arrays.DTYPE_CODES[fd]
-    if entry == "quantize_i2s":
-        return Call(entry, dict(device=d, w=put(values(rng, (3, 128), "float32")), w_dtype=0, M=3,
-                                K=128, row_segments=NULL, n_segments=0,
-                                w_packed=put(poison((3, 32), "uint8")),
-                                w_scales=put(poison((3,), "float32")), stream=NULL),
-                    ("w_packed", "w_scales"))
-    if entry == "pack_ternary":
-        w_q = rng.integers(-1, 2, (3, 128), dtype=np.int8)
-        return Call(entry, dict(device=d, w_q=put(w_q), M=3, K=128,
-                                w_packed=put(poison((3, 32), "uint8")), stream=NULL), ("w_packed",))
-    if entry == "unpack_ternary":
-        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
-                                M=3, K=128, w_q=put(poison((3, 128), "int8")), stream=NULL),
-                    ("w_q",))
-    if entry == "quantize_a8":
-        return Call(entry, dict(device=d, x=put(values(rng, (2, 128), "float32")), x_dtype=0, N=2,
-                                K=128, x_q=put(poison((2, 128), "int8")),
-                                x_scales=put(poison((2,), "float32")), stream=NULL),
-                    ("x_q", "x_scales"))
-    if entry == "gemv_w2a8":
-        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
-                                w_scales=put(np.ones(3, np.float32)), M=3, K=128,
-                                x_q=put(rng.integers(-128, 128, 256, dtype=np.int8)),
-                                x_scales=put(np.full(2, 50.0, np.float32)), N=2,
-                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
-    if entry == "rmsnorm":
-        return Call(entry, dict(device=d, dtype=0, T=2, H=8, x=put(values(rng, (2, 8), "float32")),
-                                residual=put(values(rng, (2, 8), "float32")),
-                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
-                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
-                                y_scales=put(poison((2,), "float32")), stream=NULL),
-                    ("residual", "y", "y_q", "y_scales"))
-    if entry == "relu2_rmsnorm":  # float32 runs on the GPU too
-        return Call(entry, dict(device=d, dtype=0, T=2, F=8,
-                                gate_up=put(values(rng, (2, 16), "float32")),
-                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
-                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
-                                y_scales=put(poison((2,), "float32")), stream=NULL),
-                    ("y", "y_q", "y_scales"))
-    if entry == "attention":
-        q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
-        return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
-                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
-                                v=put(values(rng, kv, fd)), C=5,
-                                seq_lens=put(np.array([4], np.int32)), causal=1, scale=0.0,
-                                out=put(poison(q, fd)), workspace=put(poison((1 << 16,), "uint8")),
-                                workspace_bytes=1 << 16, stream=NULL), ("out",))
-    if entry == "attention_workspace_size":
-        return Call(entry, dict(device=d, B=1, Sq=2, Hq=4, Hkv=2, D=64, C=5,
-                                bytes=Out("int64_t *")), ("bytes",))
-    if entry == "rope_append_kv":
-        q, kv, cache = (2, 3, 4, 8), (2, 3, 2, 8), (2, 6, 2, 8)
-        return Call(entry, dict(device=d, dtype=code, B=2, S=3, Hq=4, Hkv=2, D=8,
-                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
-                                v=put(values(rng, kv, fd)), k_cache=put(poison(cache, fd)),
-                                v_cache=put(poison(cache, fd)), C=6,
-                                positions=put(np.array([0, 3], np.int32)), theta=10000.0,
-                                stream=NULL), ("q", "k_cache", "v_cache"))
-    if entry == "relu2_gate":
-        return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
-                                out=put(poison((3, 5), fd)), stream=NULL), ("out",))
-    if entry == "gemv_bf16":
-        return Call(entry, dict(device=d, w=put(values(rng, (3, 16), "bfloat16")), M=3, K=16,
-                                x=put(values(rng, (2, 16), "float32")), x_dtype=0, N=2,
-                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
-    if entry == "argmax":
-        return Call(entry, dict(device=d, x=put(values(rng, (2, 7), "float32")), N=2, M=7,
-                                index=put(poison((2,), "int32")), stream=NULL), ("index",))
-    if entry == "embedding":
-        return Call(entry, dict(device=d, dtype=0, table=put(values(rng, (5, 8), "float32")), V=5,
-                                H=8, ids=put(np.array([4, 0, 2], np.int32)), N=3,
-                                out=put(poison((3, 8), "float32")), stream=NULL), ("out",))
-    if entry == "add_int32":
-        return Call(entry, dict(device=d, x=put(np.arange(5, dtype=np.int32)), n=5, delta=3,
-                                stream=NULL), ("x",))
-    raise KeyError(entry)
 
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
@@ -427,31 +278,6 @@ def mutation_cases(where):
                 label = "".join([f"{m.arg}={label}"] + [f"+{k}={v}" for k, v in m.also.items()])
                 cases.append(pytest.param(entry, m, id=f"{entry}-{label}"))
     return cases
-
-
-def c_value(mem, call, name, value):
-    """The cffi argument for `value` of argument `name` of `call`."""
-    if isinstance(value, str):
-        if value == NULL:
-            return ffi.NULL
-        if value == MISALIGNED:
-            return ffi.cast("void *", mem.ptr(call.args[name]) + 1)
-        if value == HOST:
-            return ffi.cast("void *", mem.host_copy_ptr(call.args[name]))
-        if value == PAST_LAST_DEVICE:
-            count = ffi.new("int32_t *")
-            _ffi.call("device_count", count, ffi.NULL)
-            return count[0]
-        if value.startswith("ALIAS:"):
-            return ffi.cast("void *", mem.ptr(call.args[value[6:]]))
-        raise ValueError(value)
-    if isinstance(value, Out):
-        return ffi.new(value.ctype, 0x5EED)
-    if isinstance(value, list):
-        return ffi.new("int64_t[]", value)
-    if isinstance(value, np.ndarray) or hasattr(value, "data_ptr"):
-        return ffi.cast("void *", mem.ptr(value))
-    return value
 
 
 def run_call(mem, call, changes):

@@ -14,17 +14,9 @@ import bitnet_ffi as bn
 from bitnet_ffi import _ffi
 from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
 
+from reference import cpu_isas, float32_rule, ref_gemv
+
 PROJECTIONS_2B4T = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
-
-
-def ref_gemv(w_q, w_scales, x_q, x_scales):
-    """(exact int64 dot [N, M], float64 y [N, M])."""
-    dot = x_q.astype(np.int64) @ w_q.astype(np.int64).T
-    return dot, dot * w_scales.astype(np.float64)[None, :] / x_scales.astype(np.float64)[:, None]
-
-
-def float32_rule(dot, w_scales, x_scales):
-    return (dot.astype(np.float32) * w_scales[None, :]) / x_scales[:, None]
 
 
 def cast(y32, out_dtype):
@@ -41,25 +33,6 @@ def make_problem(rng, M, K, N):
     x_q[-1, 64:128] = 127
     x_scales = rng.uniform(1.0, 300.0, N).astype(np.float32)
     return w_q, w_scales, x_q, x_scales
-
-
-def cpu_isas():
-    lib, isas = _ffi.lib(), []
-    for index, name in enumerate(bn.ternary.CPU_ISAS[1:], start=1):
-        if lib.bitnet_cpu_set_isa(index) == 0:
-            isas.append(name)
-    lib.bitnet_cpu_set_isa(0)
-    return isas
-
-
-@pytest.fixture(params=["portable", "avx2", "avx512-vnni"])
-def isa(request):
-    if request.param not in cpu_isas():
-        pytest.skip(f"this CPU cannot run the {request.param} path")
-    bn.set_cpu_isa(request.param)
-    assert bn.cpu_isa() == request.param
-    yield request.param
-    bn.set_cpu_isa("auto")
 
 
 def check_outputs(tw, w_q, w_scales, x_q, x_scales, dtypes=("int32", "float32", "float16",

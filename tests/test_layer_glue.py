@@ -7,31 +7,7 @@ import bitnet_ffi
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
 
-
-def reference_rope(x, positions, theta):
-    """Rotate-half RoPE in float64; x [B, S, H, D], token s of sequence b at positions[b] + s."""
-    x = np.asarray(x, dtype=np.float64)
-    B, S, H, D = x.shape
-    half = D // 2
-    pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(S)[None, :]    # [B, S]
-    angle = pos[..., None] * theta ** (-2.0 * np.arange(half) / D)                    # [B, S, half]
-    cos, sin = np.cos(angle)[:, :, None, :], np.sin(angle)[:, :, None, :]
-    a, b = x[..., :half], x[..., half:]
-    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-
-
-def reference_relu2_gate(gate_up):
-    gate_up = np.asarray(gate_up, dtype=np.float64)
-    F = gate_up.shape[-1] // 2
-    return np.maximum(gate_up[..., :F], 0) ** 2 * gate_up[..., F:]
-
-
-# Rotation and gate run in float32 on float32 inputs, then round once to the dtype: 1 ulp of the
-# output dtype (relative to the row's magnitude for RoPE), 2 for float16/bfloat16 with float32
-# angle products; float32 results within a few float32 ulps.
-ROPE_TOL = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
-GATE_TOL = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
-GATE_ATOL = {"float32": 1e-38, "float16": 2.0 ** -24, "bfloat16": 1e-38}  # float16 subnormal spacing
+from reference import GATE_ATOL, GATE_TOL, ROPE_TOL, reference_relu2_gate, reference_rope
 
 
 def cast(x, dtype):

@@ -12,38 +12,7 @@ import bitnet_ffi as bn
 from bitnet_ffi import _ffi
 from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
 
-
-def ref_scales(w, row_segments=None):
-    """Per-row float32 scales: mean |w| of the row's segment in float64, floored at 1e-5."""
-    counts = row_segments or [w.shape[0]]
-    absw = np.abs(w.astype(np.float64))
-    scales, row = [], 0
-    for rows in counts:
-        scale = np.float32(max(absw[row:row + rows].mean(), 1e-5))
-        scales += [scale] * rows
-        row += rows
-    return np.array(scales, dtype=np.float32)
-
-
-def ref_codes(w, scales):
-    """clamp(rint(w / scale), -1, 1) in float32 (numpy's rint rounds half to even)."""
-    q = np.rint(w.astype(np.float32) / scales[:, None].astype(np.float32))
-    return np.clip(q, -1, 1).astype(np.int8)
-
-
-def ref_pack(w_q):
-    """Weight 16g+4i+b of a row -> byte 4g+b, bits 2i..2i+1, as code w+1."""
-    M, K = w_q.shape
-    codes = (w_q.astype(np.int16) + 1).astype(np.uint8).reshape(M, K // 16, 4, 4)  # [m, g, i, b]
-    return (codes << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]).sum(
-        axis=2, dtype=np.uint8).reshape(M, K // 4)
-
-
-def ref_quantize_a8(x):
-    x = x.astype(np.float32)
-    s = (np.float32(127) / np.maximum(np.abs(x).max(axis=-1), np.float32(1e-5))).astype(np.float32)
-    q = np.clip(np.rint(x * s[..., None]), -128, 127).astype(np.int8)
-    return q, s
+from reference import ref_codes, ref_pack, ref_quantize_a8, ref_scales
 
 
 def float_array(rng, shape, dtype):
