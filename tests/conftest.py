@@ -69,8 +69,8 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture
 def cuda():
-    """For tests outside the GPU tiers (perf) that need a GPU: the device index 0, after the same
-    skip-or-fail rule as the GPU tiers."""
+    """For tests outside the GPU tiers (perf: tests/test_targets.py) that need a GPU: the device
+    index 0, after the same skip-or-fail rule as the GPU tiers."""
     require_gpus(1)
     return 0
 

@@ -299,16 +299,3 @@ def test_gemv_gpu_bad_input(rng):
         bn.gemv_w2a8(bn.TernaryWeights(tw.packed[:, :24].contiguous(), tw.scales),
                      x_gpu[:, :96].contiguous(), xs_gpu)
     assert bool((out == -7).all())
-
-
-@pytest.mark.perf
-def test_perf_gemv_13824x2560(benchmark, cuda, rng):
-    torch = pytest.importorskip("torch")
-    tw, _, x_gpu, xs_gpu, _, _ = torch_problem(torch, rng, 13824, 2560, 1)
-    out = torch.empty((1, 13824), device="cuda")
-
-    def run():
-        bn.gemv_w2a8(tw, x_gpu, xs_gpu, out=out)
-        torch.cuda.synchronize()
-
-    benchmark(run)
