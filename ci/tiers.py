@@ -3,8 +3,9 @@
     python ci/tiers.py [--tier auto|1|2|3|4] [extra pytest arguments]
 
 Tiers: 1 cpu (anywhere), 2 gpu_smoke, 3 gpu (integration, GPU-vs-CPU parity), 4 perf (the
-performance targets, on an H100), plus multi_gpu where two or more GPUs exist. auto runs tier 1, and tiers 2 and 3 (and multi_gpu)
-on a machine with a real CUDA GPU; tier 4 runs only when asked for. GPUs are probed through
+performance targets, on an H100), plus multi_gpu where two or more GPUs exist. auto runs tier 1,
+and tiers 2 and 3 (and multi_gpu) on a machine with a real CUDA GPU; tier 4 runs only when asked
+for. GPUs are probed through
 libbitnet itself, so BITNET_GPU_FAKE never counts. An explicit GPU tier on a machine without one
 runs anyway: its tests skip, or fail under BITNET_STRICT_MODE=1."""
 import argparse
