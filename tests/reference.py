@@ -557,3 +557,103 @@ def backend_io(backend, stream=None):
         return t.cpu().numpy()
 
     return put, get
+
+
+# attention (test_attention.py), also used by its rejection tests in the matrix
+def attention_poisoned(shape, dtype):
+    return np.full(shape, np.nan, dtype=_arrays.numpy_dtype(dtype))
+
+
+def torch_inputs(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=1.0):
+    import torch
+    q, k, v = (torch.from_numpy(x.astype(np.float32)).to(getattr(torch, dtype)).cuda()
+               for x in make_attention_inputs(rng, "float32", B, Sq, Hq, Hkv, D, C, spread))
+    return q, k, v
+
+
+# gemv_w2a8 (test_gemv_w2a8.py), also used by its rejection tests in the matrix
+def make_problem(rng, M, K, N):
+    w_q = rng.integers(-1, 2, (M, K), dtype=np.int8)
+    w_scales = rng.uniform(0.01, 2.0, M).astype(np.float32)
+    x_q = rng.integers(-128, 128, (N, K), dtype=np.int8)
+    x_q[0, :64] = -128                      # activation extremes
+    x_q[-1, 64:128] = 127
+    x_scales = rng.uniform(1.0, 300.0, N).astype(np.float32)
+    return w_q, w_scales, x_q, x_scales
+
+
+def torch_problem(torch, rng, M, K, N):
+    w_q, w_scales, x_q, x_scales = make_problem(rng, M, K, N)
+    tw_cpu = bn.pack_ternary(w_q, w_scales)
+    tw = bn.TernaryWeights(torch.from_numpy(tw_cpu.packed).cuda(), torch.from_numpy(w_scales).cuda())
+    return tw, tw_cpu, torch.from_numpy(x_q).cuda(), torch.from_numpy(x_scales).cuda(), x_q, x_scales
+
+
+# head (test_head.py), also used by its rejection tests in the matrix
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def random_bf16(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(BF16)
+
+
+# layer_glue (test_layer_glue.py), also used by its rejection tests in the matrix
+def cast(x, dtype):
+    return x.astype(_arrays.numpy_dtype(dtype))
+
+
+def rope_case(rng, dtype, B, S, Hq, Hkv, D, C):
+    q = cast(rng.standard_normal((B, S, Hq, D)), dtype)
+    k = cast(rng.standard_normal((B, S, Hkv, D)), dtype)
+    v = cast(rng.standard_normal((B, S, Hkv, D)), dtype)
+    k_cache = np.full((B, C, Hkv, D), np.nan, dtype=q.dtype)
+    v_cache = np.full((B, C, Hkv, D), np.nan, dtype=q.dtype)
+    return q, k, v, k_cache, v_cache
+
+
+def to_torch(x):
+    import torch
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
+    return torch.from_numpy(x).cuda()
+
+
+# rmsnorm (test_rmsnorm.py), also used by its rejection tests in the matrix
+def raw_call(device=-1, dtype=0, T=4, H=8, x=None, residual=None, weight=None, eps=1e-5, y=None,
+             y_q=None, y_scales=None):
+    """bitnet_rmsnorm with raw pointers (cffi pointers or None for NULL); returns the status."""
+    def cast(p, ctype="void *"):
+        return _ffi.ffi.NULL if p is None else _ffi.ffi.cast(ctype, p)
+    return _ffi.lib().bitnet_rmsnorm(device, dtype, T, H, cast(x), cast(residual), cast(weight), eps,
+                                     cast(y), cast(y_q, "int8_t *"), cast(y_scales, "float *"),
+                                     _ffi.ffi.NULL)
+
+
+class Buffers:
+    """Host arrays for T=4, H=8 float32 with poisoned outputs, and their pointers."""
+
+    def __init__(self, rng):
+        self.x, self.weight, self.residual = make_rmsnorm_inputs(rng, 4, 8, "float32")
+        self.residual_before = self.residual.copy()
+        self.y, self.y_q, self.s = poisoned((4, 8), "float32"), poisoned((4, 8), "int8"), poisoned(4, "float32")
+
+    def ptr(self, name, offset=0):
+        a = getattr(self, name)
+        return _ffi.ffi.cast("char *", a.ctypes.data) + offset
+
+    def args(self, **changes):
+        base = {"x": self.ptr("x"), "weight": self.ptr("weight"), "y": self.ptr("y"),
+                "residual": self.ptr("residual"), "y_q": self.ptr("y_q"), "y_scales": self.ptr("s")}
+        base.update(changes)
+        return base
+
+    def assert_untouched(self):
+        assert np.isnan(self.y).all() and (self.y_q == 0x7F).all() and np.isnan(self.s).all()
+        np.testing.assert_array_equal(self.residual, self.residual_before)
+
+
+def torch_put(a):
+    import torch
+    if a.dtype == RMSNORM_DTYPES["bfloat16"]:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
