@@ -29,7 +29,8 @@ SUBSET=(
     $RMSNORM::{test_gpu_smoke,test_gpu_unaligned_rows_take_the_scalar_path,test_zero_row_with_eps_0_is_nan_and_leaves_the_other_rows}
     "$RMSNORM::test_gpu_matches_reference_and_cpu["{4096-2560-quant-bfloat16,4096-2560-add_quant_y-bfloat16,20000-256-quant-float16}"]"
     "$RMSNORM::test_gpu_relu2_rmsnorm_matches_reference_two_ops_and_cpu[4096-2560-quant-bfloat16]"
-    tests/test_quantize.py::{test_pack_unpack_gpu_device_array,test_pack_gpu_rejects_non_ternary_untouched}
+    tests/test_quantize.py::test_pack_unpack_gpu_device_array
+    tests/test_bad_input_matrix.py::test_pack_gpu_rejects_non_ternary_untouched
     tests/test_gemv_w2a8.py::test_gemv_gpu_device_array_and_quantized_inputs
     tests/test_head.py::{test_argmax_gpu_matches_numpy,test_embedding_gpu_matches_cpu,test_gemv_bf16_gpu_matches_cpu_and_reference,test_graph_capture_replays_the_ops}
     tests/test_memory_abi.py::test_round_trip_host_device_device_host
