@@ -6,7 +6,8 @@ import pytest
 
 import bitnet_ffi
 
-from reference import attention_poisoned as poisoned, torch_inputs, ATTENTION_TOL as TOLERANCE, make_attention_inputs as make_qkv, reference_attention
+from reference import (ATTENTION_TOL as TOLERANCE, attention_poisoned as poisoned,
+                       make_attention_inputs as make_qkv, reference_attention, torch_inputs)
 
 
 HEADS = [(20, 5), (8, 8), (32, 8), (8, 1)]

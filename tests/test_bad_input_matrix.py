@@ -23,7 +23,10 @@ import bitnet_ffi as bn
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import InvalidArgumentError, NoDeviceError, UnsupportedError
 
-from reference import attention_poisoned, BF16, Buffers, c_value, cast, ffi, HOST, make_attention_inputs as make_qkv, make_problem, make_rmsnorm_inputs as make_inputs, Memory, MISALIGNED, NULL, Out, PAST_LAST_DEVICE, poisoned, random_bf16, raw_call, rope_case, to_torch, torch_inputs, torch_problem, torch_put, valid_call
+from reference import (BF16, Buffers, HOST, Memory, MISALIGNED, NULL, Out, PAST_LAST_DEVICE,
+                       attention_poisoned, c_value, cast, ffi, make_attention_inputs as make_qkv,
+                       make_problem, make_rmsnorm_inputs as make_inputs, poisoned, random_bf16, raw_call,
+                       rope_case, to_torch, torch_inputs, torch_problem, torch_put, valid_call)
 
 OK, INVALID, UNSUPPORTED, NO_DEVICE = 0, 1, 2, 3
 BIG = 1 << 62

@@ -9,7 +9,8 @@ import pytest
 
 from bitnet_ffi import _ffi
 
-from reference import Memory, backend_io, c_value, make_every_op_inputs as make_inputs, run_every_op, valid_call
+from reference import (Memory, backend_io, c_value, make_every_op_inputs as make_inputs, run_every_op,
+                       valid_call)
 
 THREADS = 8
 ITERATIONS = 4

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays
 
-from reference import (ATTENTION_TOL, GATE_ATOL, GATE_TOL, RMSNORM_RTOL, ROPE_TOL, assert_rmsnorm_bit_identical,
-                       check_gated, check_quantized, check_rmsnorm, cpu_isas, float32_rule,
-                       make_attention_inputs, make_rmsnorm_inputs, ref_codes, ref_gemv, ref_pack,
-                       ref_quantize_a8, ref_scales, reference_attention, reference_relu2_gate,
+from reference import (ATTENTION_TOL, GATE_ATOL, GATE_TOL, RMSNORM_RTOL, ROPE_TOL,
+                       assert_rmsnorm_bit_identical, check_gated, check_quantized, check_rmsnorm, cpu_isas,
+                       float32_rule, make_attention_inputs, make_rmsnorm_inputs, ref_codes, ref_gemv,
+                       ref_pack, ref_quantize_a8, ref_scales, reference_attention, reference_relu2_gate,
                        reference_rmsnorm, reference_rope, run_gated, run_rmsnorm, run_two_ops)
 
 FLOATS = ("float32", "float16", "bfloat16")

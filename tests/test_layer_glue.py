@@ -6,7 +6,8 @@ import pytest
 import bitnet_ffi
 from bitnet_ffi import _arrays
 
-from reference import cast, rope_case, to_torch, GATE_ATOL, GATE_TOL, ROPE_TOL, reference_relu2_gate, reference_rope
+from reference import (GATE_ATOL, GATE_TOL, ROPE_TOL, cast, cpu_isas, reference_relu2_gate, reference_rope,
+                       rope_case, to_torch)
 
 
 def check_rope(q_before, q_after, k, v, k_cache, v_cache, positions, theta, dtype):
@@ -78,7 +79,6 @@ def test_cpu_float16_rows_convert_exactly_on_every_path(rng):
     on it (cpu/convert.c): relu2_gate's float32 products rounded to float16 equal numpy's rounding
     (overflow to inf, subnormals, ties), and every float16 op gives the same bits on every path
     (NaN positions for NaN)."""
-    from test_gemv_w2a8 import cpu_isas
     T, F = 3, 1000
     gate_up = np.stack([float16_edge_row(rng, 2 * F) for _ in range(T)])
     x = rng.standard_normal((T, 1024)).astype(np.float16)

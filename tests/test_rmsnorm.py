@@ -9,7 +9,11 @@ import pytest
 import bitnet_ffi
 from bitnet_ffi import DeviceArray, InvalidArgumentError, _ffi
 
-from reference import Buffers, raw_call, torch_put, RMSNORM_DTYPES as DTYPES, UINT, assert_rmsnorm_bit_identical as assert_bit_identical, assert_close, check_rmsnorm as check, check_gated, check_quantized, make_rmsnorm_inputs as make_inputs, reference_rmsnorm as reference, reference_rmsnorm_quantize as reference_quantize, relu2_values, run_rmsnorm as run, run_gated, run_two_ops
+from reference import (Buffers, RMSNORM_DTYPES as DTYPES, UINT, assert_close,
+                       assert_rmsnorm_bit_identical as assert_bit_identical, check_gated, check_quantized,
+                       check_rmsnorm as check, make_rmsnorm_inputs as make_inputs, raw_call,
+                       reference_rmsnorm as reference, reference_rmsnorm_quantize as reference_quantize,
+                       relu2_values, run_gated, run_rmsnorm as run, run_two_ops, torch_put)
 
 CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
