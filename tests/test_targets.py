@@ -31,11 +31,15 @@ def test_the_committed_run_meets_every_target():
 
 @pytest.mark.cpu
 def test_the_results_page_is_generated_from_the_committed_run():
-    """BENCHMARKS.md is report.py's page of that run, as committed: after a new run, regenerate it
-    (python tools/report.py --page docs/results/<run>.json > BENCHMARKS.md)."""
+    """BENCHMARKS.md is report.py's page of that run, as committed, and README.md quotes its
+    headline figures: after a new run, regenerate the page (python tools/report.py --page
+    docs/results/<run>.json > BENCHMARKS.md) and copy the headlines into README.md."""
     runs = sorted((REPO / "docs" / "results").glob("*.json"))
     page = report.page_markdown(runs[-1].relative_to(REPO).as_posix(), draw=False)
     assert page == (REPO / "BENCHMARKS.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    headlines = report.headline_markdown(committed_run()["results"]).splitlines()
+    assert len(headlines) == 3 and all(line in readme for line in headlines), headlines
 
 
 @pytest.mark.perf
