@@ -20,7 +20,7 @@ from . import _arrays, _ffi
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Graph, Stream
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer import rope_append_kv
+from .layer_glue import rope_append_kv
 from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
 from .ternary import TernaryWeights, gemv_w2a8, quantize_i2s
 

@@ -65,6 +65,10 @@ bitnet_status bn_check_activation_dtype(const char *op, int32_t device, int32_t 
 
 /* Checks that `device` is the CPU or an existing CUDA device. */
 bitnet_status bn_check_device(int32_t device);
+/* What the checks rest on (checks.c): the CUDA devices present (0 and a reason in a CPU-only build)
+ * and the device whose memory ptr is (BITNET_DEVICE_CPU for host memory). */
+bitnet_status bn_device_count(int32_t *count, const char **reason);
+bitnet_status bn_pointer_device(const void *ptr, int32_t *device);
 
 /* The CUDA backend, present only when BITNET_HAVE_CUDA is defined. BN_CUDA(call) evaluates to the
  * call in a CUDA build and to a no-device error in a CPU-only build. */
