@@ -45,6 +45,11 @@ constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
 constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
 constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
 
+/* From this many tokens on, sm_80+ GPUs take the tensor-core GEMM (gemm_w2a8.cu) instead of the
+ * launches of 16 tokens that read the weights again each. Measured crossover on an H100:
+ * docs/log/2026-11-26-gemm.md. */
+constexpr int64_t kGemmMinTokens = 17;
+
 struct GemvArgs {
     const uint4 *w;        /* [M, K/64]: 16-byte chunks of 64 weights */
     const float *w_scales;
@@ -518,6 +523,8 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
      * launch. */
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    if (major >= 8 && N >= kGemmMinTokens)
+        return bn_cuda_gemm_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     TokensLaunch launches[3] = {}; /* for 1, 8 and 16 tokens, planned when first needed */

@@ -1,0 +1,297 @@
+/* CUDA W2A8 GEMM for many tokens, int8 tensor cores (mma.sync m16n8k32, sm_80+):
+ * y[n, m] = (dot(x_q[n], codes[m]) - sum(x_q[n])) * w_scales[m] / x_scales[n], codes = W_q + 1.
+ * - A block owns BM tokens x BN weight rows; K goes by tiles of 128 (K % 128 == 0). Each tile of x
+ *   (BM x 128 bytes) and of the packed weights (BN x 32 bytes) is copied to shared memory by
+ *   cp.async, STAGES tiles in flight. x rows are swizzled by 16-byte chunks for ldmatrix.
+ * - mma A = x (ldmatrix, 16 tokens x 32), B = weight codes (8 rows x 32): lane (g, t) gets k = 4t..4t+3
+ *   of each 16-byte piece of k, which is packed word s of its row at shift t (docs/weight_format.md):
+ *   one shift and one AND per 4 weights, read as unsigned bytes (mma s8.u8). The codes' excess sum(x)
+ *   comes from the same mma with B = all ones, one k32 step in WARPS_N per warp, added up at the end.
+ * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
+ * The packed weights are the GEMV's: no second copy. Measured numbers: docs/gemm.md. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+namespace {
+
+constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
+constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
+
+struct GemmArgs {
+    const uint8_t *w; /* [M, K/4] */
+    const float *w_scales;
+    const int8_t *x; /* [N, K] */
+    const float *x_scales;
+    void *y; /* [N, M] */
+    int32_t y_dtype;
+    int M, K, N;
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
+__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void copy_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+    BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                : "r"(address));
+}
+
+/* d += A B, A 16x32 signed bytes (x), B 32x8 unsigned bytes (codes). */
+__device__ __forceinline__ void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    BN_SM80_ASM(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Byte offset of 16-byte chunk c of row r in a stage's x tile (rows of 128 bytes): the XOR puts the 8
+ * rows that one ldmatrix matrix reads in 8 different chunks, so all 32 banks. */
+__device__ __forceinline__ int x_tile_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+/* Byte offset of half h (16 bytes) of row n in a stage's weight tile (rows of 32 bytes): the 8 rows
+ * that lanes g = 0..7 read at once land in 8 different bank quads. */
+__device__ __forceinline__ int w_tile_offset(int n, int h) { return n * 32 + ((h ^ ((n >> 2) & 1)) << 4); }
+
+__device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
+    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
+}
+
+/* y[n, m] and y[n, m + 1] (the second only where pair). */
+__device__ __forceinline__ void store_pair(const GemmArgs &a, int n, int m, int d0, int d1, float ws0, float ws1,
+                                           float xs, bool pair) {
+    const int64_t index = static_cast<int64_t>(n) * a.M + m;
+    const bool vector = pair && (index % 2 == 0);
+    if (a.y_dtype == BITNET_DTYPE_I32) {
+        int *y = static_cast<int *>(a.y) + index;
+        if (vector) *reinterpret_cast<int2 *>(y) = make_int2(d0, d1);
+        else {
+            y[0] = d0;
+            if (pair) y[1] = d1;
+        }
+        return;
+    }
+    const float v0 = scaled(d0, ws0, xs), v1 = scaled(d1, ws1, xs);
+    if (a.y_dtype == BITNET_DTYPE_F32) {
+        float *y = static_cast<float *>(a.y) + index;
+        if (vector) *reinterpret_cast<float2 *>(y) = make_float2(v0, v1);
+        else {
+            y[0] = v0;
+            if (pair) y[1] = v1;
+        }
+    } else if (a.y_dtype == BITNET_DTYPE_F16) {
+        __half *y = static_cast<__half *>(a.y) + index;
+        if (vector) *reinterpret_cast<__half2 *>(y) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+        else {
+            y[0] = __float2half_rn(v0);
+            if (pair) y[1] = __float2half_rn(v1);
+        }
+    } else {
+        __nv_bfloat16 *y = static_cast<__nv_bfloat16 *>(a.y) + index;
+        if (vector) *reinterpret_cast<__nv_bfloat162 *>(y) = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+        else {
+            y[0] = __float2bfloat16_rn(v0);
+            if (pair) y[1] = __float2bfloat16_rn(v1);
+        }
+    }
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+struct Tiles {
+    static constexpr int kThreads = WARPS_M * WARPS_N * 32;
+    static constexpr int kWarpTokens = BM / WARPS_M, kWarpRows = BN / WARPS_N;
+    static constexpr int kMI = kWarpTokens / 16, kNI = kWarpRows / 8; /* mma tiles per warp */
+    static constexpr int kXBytes = BM * kTileK, kWBytes = BN * kTileKBytesW;
+    static constexpr int kStageBytes = kXBytes + kWBytes;
+    static constexpr size_t kSharedBytes = static_cast<size_t>(STAGES) * kStageBytes;
+    static_assert(kWarpTokens % 16 == 0 && kWarpRows % 8 == 0, "warp tile");
+    static_assert(WARPS_N * BM * sizeof(int) <= kSharedBytes, "x sums reuse the stages");
+};
+
+/* Blocks: x = token tiles (fastest, so that the blocks running at once share weight rows and the
+ * weights are read from DRAM about once), y = row tiles. */
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+__global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const GemmArgs a) {
+    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES>;
+    extern __shared__ int4 shared[];
+    uint8_t *smem = reinterpret_cast<uint8_t *>(shared);
+    const uint32_t smem_base = shared_address(smem);
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+    const int g = lane / 4, t = lane % 4;
+    const int token0 = blockIdx.x * BM, row0 = blockIdx.y * BN;
+    const int k_tiles = a.K / kTileK;
+    const int64_t w_row_bytes = a.K / 4;
+
+    bn_pdl_wait();
+
+    /* Stage s of k tile kt: every thread copies its share of 16-byte chunks. */
+    auto load_stage = [&](int s, int kt) {
+        const uint32_t x_base = smem_base + s * T::kStageBytes, w_base = x_base + T::kXBytes;
+#pragma unroll
+        for (int j = 0; j < (BM * 8 + T::kThreads - 1) / T::kThreads; j++) {
+            const int i = tid + j * T::kThreads;
+            if (BM * 8 % T::kThreads != 0 && i >= BM * 8) break;
+            const int r = i / 8, c = i % 8, token = token0 + r;
+            const bool valid = token < a.N;
+            const int8_t *src = a.x + (valid ? static_cast<int64_t>(token) * a.K + kt * kTileK + c * 16 : 0);
+            copy16(x_base + x_tile_offset(r, c), src, valid);
+        }
+#pragma unroll
+        for (int j = 0; j < (BN * 2 + T::kThreads - 1) / T::kThreads; j++) {
+            const int i = tid + j * T::kThreads;
+            if (BN * 2 % T::kThreads != 0 && i >= BN * 2) break;
+            const int n = i / 2, h = i % 2, row = row0 + n;
+            const bool valid = row < a.M;
+            const uint8_t *src = a.w + (valid ? row * w_row_bytes + kt * kTileKBytesW + h * 16 : 0);
+            copy16(w_base + w_tile_offset(n, h), src, valid);
+        }
+    };
+
+    int acc[T::kMI][T::kNI][4] = {};
+    int x_sum[T::kMI][4] = {}; /* x . ones over this warp's share of the k32 steps */
+    constexpr uint32_t kOnes = 0x01010101u;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < k_tiles) load_stage(s, s);
+        copy_commit();
+    }
+
+    /* ldmatrix row addresses: lane l reads row (l % 8) + 8 * ((l / 8) % 2) of a 16-token tile, chunk
+     * 2 * step + l / 16. */
+    const int a_row = warp_m * T::kWarpTokens + (lane % 8) + 8 * ((lane / 8) % 2), a_chunk = lane / 16;
+    const int b_row = warp_n * T::kWarpRows + g;
+
+    for (int kt = 0; kt < k_tiles; kt++) {
+        copy_wait<STAGES - 2>();
+        __syncthreads();
+        /* The stage read in the previous iteration is free now for tile kt + STAGES - 1. */
+        if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        copy_commit();
+
+        const int s = kt % STAGES;
+        const uint32_t x_base = smem_base + s * T::kStageBytes;
+        const uint8_t *w_tile = smem + s * T::kStageBytes + T::kXBytes;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            /* b[ni][q]: codes of row b_row + 8 ni, k = 16 (4h + q) + 4t .. + 3 */
+            uint32_t b[T::kNI][4];
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++) {
+                const uint4 words = *reinterpret_cast<const uint4 *>(w_tile + w_tile_offset(b_row + 8 * ni, h));
+                b[ni][0] = (words.x >> (2 * t)) & 0x03030303u;
+                b[ni][1] = (words.y >> (2 * t)) & 0x03030303u;
+                b[ni][2] = (words.z >> (2 * t)) & 0x03030303u;
+                b[ni][3] = (words.w >> (2 * t)) & 0x03030303u;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                const int step = 2 * h + kk; /* k32 step of the tile */
+                uint32_t af[T::kMI][4];
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++)
+                    ldmatrix_x4(af[mi], x_base + x_tile_offset(a_row + 16 * mi, 2 * step + a_chunk));
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < T::kNI; ni++)
+                        mma_s8_u8(acc[mi][ni], af[mi], b[ni][2 * kk], b[ni][2 * kk + 1]);
+                if (step % WARPS_N == warp_n) {
+#pragma unroll
+                    for (int mi = 0; mi < T::kMI; mi++) mma_s8_u8(x_sum[mi], af[mi], kOnes, kOnes);
+                }
+            }
+        }
+    }
+    copy_wait<0>();
+    bn_pdl_launch_dependents();
+    __syncthreads();
+
+    /* The warps of one token range add up their shares of sum(x): sums[warp_n][token in block]. */
+    int *sums = reinterpret_cast<int *>(smem);
+    if (t == 0) {
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; mi++) {
+            const int r = warp_m * T::kWarpTokens + 16 * mi + g;
+            sums[warp_n * BM + r] = x_sum[mi][0];
+            sums[warp_n * BM + r + 8] = x_sum[mi][2];
+        }
+    }
+    __syncthreads();
+
+    float w_scale[T::kNI][2];
+    const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ni++) {
+        const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
+        w_scale[ni][0] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
+        w_scale[ni][1] = scaled_out && m + 1 < a.M ? a.w_scales[m + 1] : 0.0f;
+    }
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = warp_m * T::kWarpTokens + 16 * mi + g + 8 * half, n = token0 + r;
+            if (n >= a.N) continue;
+            int total = 0;
+#pragma unroll
+            for (int wn = 0; wn < WARPS_N; wn++) total += sums[wn * BM + r];
+            const float x_scale = scaled_out ? a.x_scales[n] : 0.0f;
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++) {
+                const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
+                if (m >= a.M) continue;
+                store_pair(a, n, m, acc[mi][ni][2 * half] - total, acc[mi][ni][2 * half + 1] - total,
+                           w_scale[ni][0], w_scale[ni][1], x_scale, m + 1 < a.M);
+            }
+        }
+    }
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
+    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES>;
+    auto kernel = gemm_w2a8<BM, BN, WARPS_M, WARPS_N, STAGES>;
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), T::kSharedBytes));
+    const dim3 grid(bn_ceil_div(a.N, BM), bn_ceil_div(a.M, BN));
+    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(T::kThreads), T::kSharedBytes, stream, a));
+    return BITNET_OK;
+}
+
+}  // namespace
+
+bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales, int64_t M,
+                                int64_t K, const int8_t *x_q, const float *x_scales, int64_t N, void *y,
+                                int32_t y_dtype, void *stream) {
+    if (N > 65535LL * 128 || M > 65535LL * 64)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8: N = %lld, M = %lld is over the GEMM's grid "
+                       "limit", (long long)N, (long long)M);
+    GemmArgs a;
+    a.w = w_packed;
+    a.w_scales = w_scales;
+    a.x = x_q;
+    a.x_scales = x_scales;
+    a.y = y;
+    a.y_dtype = y_dtype;
+    a.M = static_cast<int>(M);
+    a.K = static_cast<int>(K);
+    a.N = static_cast<int>(N);
+    cudaStream_t s = bn_stream(stream);
+    if (N <= 64) return launch<64, 128, 2, 4, 4>(device, a, s);
+    if (N <= 256 || M <= 4096) return launch<128, 128, 2, 4, 4>(device, a, s);
+    return launch<128, 256, 2, 4, 4>(device, a, s);
+}
