@@ -12,12 +12,18 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cooperative_groups.h>
+
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
 
 namespace {
 
 constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
 constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
+constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
+constexpr int kStages = 4;               /* k tiles in flight */
 
 struct GemmArgs {
     const uint8_t *w; /* [M, K/4] */
@@ -108,7 +114,7 @@ __device__ __forceinline__ void store_pair(const GemmArgs &a, int n, int m, int 
     }
 }
 
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
 struct Tiles {
     static constexpr int kThreads = WARPS_M * WARPS_N * 32;
     static constexpr int kWarpTokens = BM / WARPS_M, kWarpRows = BN / WARPS_N;
@@ -116,15 +122,19 @@ struct Tiles {
     static constexpr int kXBytes = BM * kTileK, kWBytes = BN * kTileKBytesW;
     static constexpr int kStageBytes = kXBytes + kWBytes;
     static constexpr size_t kSharedBytes = static_cast<size_t>(STAGES) * kStageBytes;
+    static constexpr int kDots = kMI * kNI * 4; /* per thread */
     static_assert(kWarpTokens % 16 == 0 && kWarpRows % 8 == 0, "warp tile");
-    static_assert(WARPS_N * BM * sizeof(int) <= kSharedBytes, "x sums reuse the stages");
+    static_assert((WARPS_N * BM + (SPLIT > 1 ? kDots * kThreads : 0)) * sizeof(int) <= kSharedBytes,
+                  "the x sums and the split-K exchange reuse the stages");
 };
 
-/* Blocks: x = token tiles (fastest, so that the blocks running at once share weight rows and the
- * weights are read from DRAM about once), y = row tiles. */
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+/* Blocks: x = token tiles times SPLIT (fastest, so that the blocks running at once share weight
+ * rows and the weights are read from DRAM about once), y = row tiles. SPLIT > 1 (sm_90): the SPLIT
+ * blocks of a cluster take equal shares of K, and the first adds up the others' partial dots from
+ * their shared memory (exact int32) before it stores the outputs. */
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
 __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const GemmArgs a) {
-    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES>;
+    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
     extern __shared__ int4 shared[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(shared);
     const uint32_t smem_base = shared_address(smem);
@@ -132,8 +142,10 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
     const int g = lane / 4, t = lane % 4;
-    const int token0 = blockIdx.x * BM, row0 = blockIdx.y * BN;
-    const int k_tiles = a.K / kTileK;
+    const int token0 = blockIdx.x / SPLIT * BM, row0 = blockIdx.y * BN;
+    const int split = blockIdx.x % SPLIT; /* the block's rank in its cluster */
+    const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / SPLIT);
+    const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / SPLIT) - kt0;
     const int64_t w_row_bytes = a.K / 4;
 
     bn_pdl_wait();
@@ -167,7 +179,7 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < k_tiles) load_stage(s, s);
+        if (s < k_tiles) load_stage(s, kt0 + s);
         copy_commit();
     }
 
@@ -180,7 +192,7 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
         copy_wait<STAGES - 2>();
         __syncthreads();
         /* The stage read in the previous iteration is free now for tile kt + STAGES - 1. */
-        if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt0 + kt + STAGES - 1);
         copy_commit();
 
         const int s = kt % STAGES;
@@ -233,6 +245,55 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     }
     __syncthreads();
 
+    /* acc becomes the dots (of this block's share of K): codes . x - sum(x). */
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = warp_m * T::kWarpTokens + 16 * mi + g + 8 * half;
+            int total = 0;
+#pragma unroll
+            for (int wn = 0; wn < WARPS_N; wn++) total += sums[wn * BM + r];
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++) {
+                acc[mi][ni][2 * half] -= total;
+                acc[mi][ni][2 * half + 1] -= total;
+            }
+        }
+    }
+    if constexpr (SPLIT > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* exchange[i * threads + tid]: dot i of thread tid, after the x sums */
+        int *exchange = sums + WARPS_N * BM;
+        cg::cluster_group cluster = cg::this_cluster();
+        if (split != 0) {
+#pragma unroll
+            for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < T::kNI; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) exchange[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid] = acc[mi][ni][e];
+        }
+        cluster.sync();
+        if (split == 0) {
+#pragma unroll 1
+            for (int rank = 1; rank < SPLIT; rank++) {
+                const int *other = cluster.map_shared_rank(exchange, rank);
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < T::kNI; ni++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[mi][ni][e] += other[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid];
+            }
+        }
+        cluster.sync(); /* the others' shared memory stays until the first has read it */
+        if (split != 0) return;
+#else
+        __trap();
+#endif
+    }
+
     float w_scale[T::kNI][2];
     const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
 #pragma unroll
@@ -245,31 +306,39 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     for (int mi = 0; mi < T::kMI; mi++) {
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            const int r = warp_m * T::kWarpTokens + 16 * mi + g + 8 * half, n = token0 + r;
+            const int n = token0 + warp_m * T::kWarpTokens + 16 * mi + g + 8 * half;
             if (n >= a.N) continue;
-            int total = 0;
-#pragma unroll
-            for (int wn = 0; wn < WARPS_N; wn++) total += sums[wn * BM + r];
             const float x_scale = scaled_out ? a.x_scales[n] : 0.0f;
 #pragma unroll
             for (int ni = 0; ni < T::kNI; ni++) {
                 const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
                 if (m >= a.M) continue;
-                store_pair(a, n, m, acc[mi][ni][2 * half] - total, acc[mi][ni][2 * half + 1] - total,
-                           w_scale[ni][0], w_scale[ni][1], x_scale, m + 1 < a.M);
+                store_pair(a, n, m, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1], w_scale[ni][0],
+                           w_scale[ni][1], x_scale, m + 1 < a.M);
             }
         }
     }
 }
 
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+/* One tile shape: BM tokens x BN rows per block, K split over SPLIT blocks (a cluster; sm_90). */
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
-    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES>;
-    auto kernel = gemm_w2a8<BM, BN, WARPS_M, WARPS_N, STAGES>;
+    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
+    auto kernel = gemm_w2a8<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), T::kSharedBytes));
-    const dim3 grid(bn_ceil_div(a.N, BM), bn_ceil_div(a.M, BN));
-    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(T::kThreads), T::kSharedBytes, stream, a));
+    const dim3 grid(bn_ceil_div(a.N, BM) * SPLIT, bn_ceil_div(a.M, BN));
+    BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(T::kThreads), T::kSharedBytes, SPLIT, stream, a));
     return BITNET_OK;
+}
+
+template <int BM, int WARPS_M, int WARPS_N>
+bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStream_t stream) {
+    switch (split) {
+    case 8: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 8>(device, a, stream);
+    case 4: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 4>(device, a, stream);
+    case 2: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 2>(device, a, stream);
+    default: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 1>(device, a, stream);
+    }
 }
 
 }  // namespace
@@ -277,7 +346,7 @@ bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
 bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales, int64_t M,
                                 int64_t K, const int8_t *x_q, const float *x_scales, int64_t N, void *y,
                                 int32_t y_dtype, void *stream) {
-    if (N > 65535LL * 128 || M > 65535LL * 64)
+    if (N > 65535LL * 32 || M > 65535LL * kRowsPerBlock)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8: N = %lld, M = %lld is over the GEMM's grid "
                        "limit", (long long)N, (long long)M);
     GemmArgs a;
@@ -291,7 +360,20 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     a.K = static_cast<int>(K);
     a.N = static_cast<int>(N);
     cudaStream_t s = bn_stream(stream);
-    if (N <= 64) return launch<64, 128, 2, 4, 4>(device, a, s);
-    if (N <= 256 || M <= 4096) return launch<128, 128, 2, 4, 4>(device, a, s);
-    return launch<128, 256, 2, 4, 4>(device, a, s);
+    int major = 0, sms = 0;
+    BN_CUDA_TRY(bn_current_cc_major(&major));
+    BN_TRY(bn_cuda_sm_count(device, &sms));
+    /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
+     * that still leaves two waves of blocks. */
+    const int bm = N <= 32 ? 32 : N <= 64 ? 64 : 128;
+    const int64_t tiles = bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, kRowsPerBlock);
+    if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= 2 * sms)
+        return launch<128, 2 * kRowsPerBlock, 2, 4, kStages, 1>(device, a, s);
+    /* Too few blocks for the GPU (sm_90): K split over clusters of 2 to 8 blocks, each taking at
+     * least 2 tiles of K. */
+    int split = 1;
+    while (major >= 9 && split < 8 && tiles * split * 2 <= sms && K / kTileK >= 4 * split) split *= 2;
+    if (bm == 32) return launch_split<32, 2, 4>(split, device, a, s);
+    if (bm == 64) return launch_split<64, 2, 4>(split, device, a, s);
+    return launch_split<128, 2, 4>(split, device, a, s);
 }
