@@ -55,6 +55,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) 
                 : "r"(address));
 }
 
+__device__ __forceinline__ uint2 lds64(uint32_t address) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(address));
+    return v;
+}
+
 /* d += A B, A 16x32 signed bytes (x), B 32x8 unsigned bytes (codes). */
 __device__ __forceinline__ void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     BN_SM80_ASM(
@@ -124,6 +130,7 @@ struct Tiles {
     static constexpr size_t kSharedBytes = static_cast<size_t>(STAGES) * kStageBytes;
     static constexpr int kDots = kMI * kNI * 4; /* per thread */
     static_assert(kWarpTokens % 16 == 0 && kWarpRows % 8 == 0, "warp tile");
+    static_assert(BM * 8 % kThreads == 0 && BN * 2 % kThreads == 0 && kThreads == 256, "stage copies");
     static_assert((WARPS_N * BM + (SPLIT > 1 ? kDots * kThreads : 0)) * sizeof(int) <= kSharedBytes,
                   "the x sums and the split-K exchange reuse the stages");
 };
@@ -150,81 +157,88 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 
     bn_pdl_wait();
 
-    /* Stage s of k tile kt: every thread copies its share of 16-byte chunks. */
+    /* The copies of a stage: thread tid copies x rows tid / 8 + 32 j (chunk tid % 8) and weight rows
+     * tid / 2 + 128 j (half tid % 2); the swizzles depend only on tid. */
+    constexpr int kXCopies = BM * 8 / T::kThreads, kWCopies = BN * 2 / T::kThreads;
+    const int x_r = tid / 8, x_c = tid % 8, w_n = tid / 2, w_h = tid % 2;
+    const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + x_c * 16;
+    const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + w_h * 16;
+    const int x_dst = x_tile_offset(x_r, x_c), w_dst = T::kXBytes + w_tile_offset(w_n, w_h);
     auto load_stage = [&](int s, int kt) {
-        const uint32_t x_base = smem_base + s * T::kStageBytes, w_base = x_base + T::kXBytes;
+        const uint32_t base = smem_base + s * T::kStageBytes;
 #pragma unroll
-        for (int j = 0; j < (BM * 8 + T::kThreads - 1) / T::kThreads; j++) {
-            const int i = tid + j * T::kThreads;
-            if (BM * 8 % T::kThreads != 0 && i >= BM * 8) break;
-            const int r = i / 8, c = i % 8, token = token0 + r;
-            const bool valid = token < a.N;
-            const int8_t *src = a.x + (valid ? static_cast<int64_t>(token) * a.K + kt * kTileK + c * 16 : 0);
-            copy16(x_base + x_tile_offset(r, c), src, valid);
+        for (int j = 0; j < kXCopies; j++) {
+            const bool valid = token0 + x_r + 32 * j < a.N;
+            copy16(base + x_dst + j * 32 * 128,
+                   valid ? x_src + static_cast<int64_t>(32 * j) * a.K + kt * kTileK : a.x, valid);
         }
 #pragma unroll
-        for (int j = 0; j < (BN * 2 + T::kThreads - 1) / T::kThreads; j++) {
-            const int i = tid + j * T::kThreads;
-            if (BN * 2 % T::kThreads != 0 && i >= BN * 2) break;
-            const int n = i / 2, h = i % 2, row = row0 + n;
-            const bool valid = row < a.M;
-            const uint8_t *src = a.w + (valid ? row * w_row_bytes + kt * kTileKBytesW + h * 16 : 0);
-            copy16(w_base + w_tile_offset(n, h), src, valid);
+        for (int j = 0; j < kWCopies; j++) {
+            const bool valid = row0 + w_n + 128 * j < a.M;
+            copy16(base + w_dst + j * 128 * 32,
+                   valid ? w_src + 128 * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
         }
     };
 
+    /* Fragments of k32 step `step` of a stage. A (x): lane l reads row (l % 8) + 8 ((l / 8) % 2) of a
+     * 16-token tile, chunk 2 step + l / 16, swizzled by the row's low 3 bits (the same for every mi).
+     * B (weights): row b_row + 8 ni, packed words 2 step and 2 step + 1 of its 32 bytes. */
+    const int a_row = warp_m * T::kWarpTokens + (lane % 8) + 8 * ((lane / 8) % 2);
+    const int a_swizzle = (lane / 16) ^ (a_row & 7);
+    const int b_row = warp_n * T::kWarpRows + g, b_swizzle = (g >> 2) & 1;
+    const int shift = 2 * t;
+    auto load_fragments = [&](uint32_t (&af)[T::kMI][4], uint2 (&bw)[T::kNI], uint32_t base, int step) {
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; mi++)
+            ldmatrix_x4(af[mi], base + (a_row + 16 * mi) * 128 + ((a_swizzle ^ (2 * step)) << 4));
+        const uint32_t w = base + T::kXBytes + b_row * 32 + (((step / 2) ^ b_swizzle) << 4) + 8 * (step % 2);
+#pragma unroll
+        for (int ni = 0; ni < T::kNI; ni++) bw[ni] = lds64(w + ni * 8 * 32);
+    };
+
     int acc[T::kMI][T::kNI][4] = {};
-    int x_sum[T::kMI][4] = {}; /* x . ones over this warp's share of the k32 steps */
-    constexpr uint32_t kOnes = 0x01010101u;
+    int x_sum[T::kMI][2] = {}; /* tokens g, g + 8: x over this lane's bytes of this warp's k32 steps */
+    constexpr int kOnes = 0x01010101;
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < k_tiles) load_stage(s, kt0 + s);
         copy_commit();
     }
+    copy_wait<STAGES - 2>();
+    __syncthreads();
 
-    /* ldmatrix row addresses: lane l reads row (l % 8) + 8 * ((l / 8) % 2) of a 16-token tile, chunk
-     * 2 * step + l / 16. */
-    const int a_row = warp_m * T::kWarpTokens + (lane % 8) + 8 * ((lane / 8) % 2), a_chunk = lane / 16;
-    const int b_row = warp_n * T::kWarpRows + g;
-
+    /* Fragments are read one k32 step ahead of the mma (double buffers). Stage of tile kt: kt %
+     * STAGES; the barrier at the last step of tile kt makes tile kt + 1 visible and frees the stage
+     * of tile kt for tile kt + STAGES. */
+    uint32_t af[2][T::kMI][4];
+    uint2 bw[2][T::kNI];
+    int stage = 0;
+    if (k_tiles > 0) load_fragments(af[0], bw[0], smem_base, 0);
     for (int kt = 0; kt < k_tiles; kt++) {
-        copy_wait<STAGES - 2>();
-        __syncthreads();
-        /* The stage read in the previous iteration is free now for tile kt + STAGES - 1. */
         if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt0 + kt + STAGES - 1);
         copy_commit();
-
-        const int s = kt % STAGES;
-        const uint32_t x_base = smem_base + s * T::kStageBytes;
-        const uint8_t *w_tile = smem + s * T::kStageBytes + T::kXBytes;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            /* b[ni][q]: codes of row b_row + 8 ni, k = 16 (4h + q) + 4t .. + 3 */
-            uint32_t b[T::kNI][4];
+        for (int step = 0; step < 4; step++) {
+            const int cur = step % 2;
+            if (step == 3) {
+                copy_wait<STAGES - 2>();
+                __syncthreads();
+                stage = stage + 1 == STAGES ? 0 : stage + 1;
+            }
+            if (step < 3 || kt + 1 < k_tiles)
+                load_fragments(af[cur ^ 1], bw[cur ^ 1], smem_base + stage * T::kStageBytes, (step + 1) % 4);
 #pragma unroll
             for (int ni = 0; ni < T::kNI; ni++) {
-                const uint4 words = *reinterpret_cast<const uint4 *>(w_tile + w_tile_offset(b_row + 8 * ni, h));
-                b[ni][0] = (words.x >> (2 * t)) & 0x03030303u;
-                b[ni][1] = (words.y >> (2 * t)) & 0x03030303u;
-                b[ni][2] = (words.z >> (2 * t)) & 0x03030303u;
-                b[ni][3] = (words.w >> (2 * t)) & 0x03030303u;
+                const uint32_t b0 = (bw[cur][ni].x >> shift) & 0x03030303u, b1 = (bw[cur][ni].y >> shift) & 0x03030303u;
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++) mma_s8_u8(acc[mi][ni], af[cur][mi], b0, b1);
             }
+            if (step % WARPS_N == warp_n) {
 #pragma unroll
-            for (int kk = 0; kk < 2; kk++) {
-                const int step = 2 * h + kk; /* k32 step of the tile */
-                uint32_t af[T::kMI][4];
-#pragma unroll
-                for (int mi = 0; mi < T::kMI; mi++)
-                    ldmatrix_x4(af[mi], x_base + x_tile_offset(a_row + 16 * mi, 2 * step + a_chunk));
-#pragma unroll
-                for (int mi = 0; mi < T::kMI; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < T::kNI; ni++)
-                        mma_s8_u8(acc[mi][ni], af[mi], b[ni][2 * kk], b[ni][2 * kk + 1]);
-                if (step % WARPS_N == warp_n) {
-#pragma unroll
-                    for (int mi = 0; mi < T::kMI; mi++) mma_s8_u8(x_sum[mi], af[mi], kOnes, kOnes);
+                for (int mi = 0; mi < T::kMI; mi++) {
+                    x_sum[mi][0] = __dp4a(static_cast<int>(af[cur][mi][0]), kOnes, __dp4a(static_cast<int>(af[cur][mi][2]), kOnes, x_sum[mi][0]));
+                    x_sum[mi][1] = __dp4a(static_cast<int>(af[cur][mi][1]), kOnes, __dp4a(static_cast<int>(af[cur][mi][3]), kOnes, x_sum[mi][1]));
                 }
             }
         }
@@ -235,12 +249,14 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 
     /* The warps of one token range add up their shares of sum(x): sums[warp_n][token in block]. */
     int *sums = reinterpret_cast<int *>(smem);
-    if (t == 0) {
 #pragma unroll
-        for (int mi = 0; mi < T::kMI; mi++) {
-            const int r = warp_m * T::kWarpTokens + 16 * mi + g;
-            sums[warp_n * BM + r] = x_sum[mi][0];
-            sums[warp_n * BM + r + 8] = x_sum[mi][2];
+    for (int mi = 0; mi < T::kMI; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int sum = x_sum[mi][half];
+            sum += __shfl_xor_sync(~0u, sum, 1);
+            sum += __shfl_xor_sync(~0u, sum, 2);
+            if (t == 0) sums[warp_n * BM + warp_m * T::kWarpTokens + 16 * mi + g + 8 * half] = sum;
         }
     }
     __syncthreads();
