@@ -23,7 +23,16 @@ namespace {
 constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
 constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
 constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
-constexpr int kStages = 4;               /* k tiles in flight */
+#ifndef GEMM_STAGES
+#define GEMM_STAGES 4
+#define GEMM_MIN_BLOCKS 1
+#define GEMM_BIG_WM 2
+#define GEMM_BIG_WN 4
+#endif
+#ifndef GEMM_BIG_WAVES
+#define GEMM_BIG_WAVES 2
+#endif
+constexpr int kStages = GEMM_STAGES;               /* k tiles in flight */
 
 struct GemmArgs {
     const uint8_t *w; /* [M, K/4] */
@@ -130,7 +139,7 @@ struct Tiles {
     static constexpr size_t kSharedBytes = static_cast<size_t>(STAGES) * kStageBytes;
     static constexpr int kDots = kMI * kNI * 4; /* per thread */
     static_assert(kWarpTokens % 16 == 0 && kWarpRows % 8 == 0, "warp tile");
-    static_assert(BM * 8 % kThreads == 0 && BN * 2 % kThreads == 0 && kThreads == 256, "stage copies");
+    static_assert(BM * 8 % kThreads == 0 && BN * 2 % kThreads == 0, "stage copies");
     static_assert((WARPS_N * BM + (SPLIT > 1 ? kDots * kThreads : 0)) * sizeof(int) <= kSharedBytes,
                   "the x sums and the split-K exchange reuse the stages");
 };
@@ -140,7 +149,7 @@ struct Tiles {
  * blocks of a cluster take equal shares of K, and the first adds up the others' partial dots from
  * their shared memory (exact int32) before it stores the outputs. */
 template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
-__global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const GemmArgs a) {
+__global__ __launch_bounds__(WARPS_M *WARPS_N * 32, GEMM_MIN_BLOCKS) void gemm_w2a8(const GemmArgs a) {
     using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
     extern __shared__ int4 shared[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(shared);
@@ -157,8 +166,8 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 
     bn_pdl_wait();
 
-    /* The copies of a stage: thread tid copies x rows tid / 8 + 32 j (chunk tid % 8) and weight rows
-     * tid / 2 + 128 j (half tid % 2); the swizzles depend only on tid. */
+    /* The copies of a stage: thread tid copies x rows tid / 8 + j threads / 8 (chunk tid % 8) and
+     * weight rows tid / 2 + j threads / 2 (half tid % 2); the swizzles depend only on tid. */
     constexpr int kXCopies = BM * 8 / T::kThreads, kWCopies = BN * 2 / T::kThreads;
     const int x_r = tid / 8, x_c = tid % 8, w_n = tid / 2, w_h = tid % 2;
     const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + x_c * 16;
@@ -168,15 +177,17 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
         const uint32_t base = smem_base + s * T::kStageBytes;
 #pragma unroll
         for (int j = 0; j < kXCopies; j++) {
-            const bool valid = token0 + x_r + 32 * j < a.N;
-            copy16(base + x_dst + j * 32 * 128,
-                   valid ? x_src + static_cast<int64_t>(32 * j) * a.K + kt * kTileK : a.x, valid);
+            constexpr int kRows = T::kThreads / 8;
+            const bool valid = token0 + x_r + kRows * j < a.N;
+            copy16(base + x_dst + j * kRows * 128,
+                   valid ? x_src + static_cast<int64_t>(kRows * j) * a.K + kt * kTileK : a.x, valid);
         }
 #pragma unroll
         for (int j = 0; j < kWCopies; j++) {
-            const bool valid = row0 + w_n + 128 * j < a.M;
-            copy16(base + w_dst + j * 128 * 32,
-                   valid ? w_src + 128 * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
+            constexpr int kRows = T::kThreads / 2;
+            const bool valid = row0 + w_n + kRows * j < a.M;
+            copy16(base + w_dst + j * kRows * 32,
+                   valid ? w_src + kRows * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
         }
     };
 
@@ -383,8 +394,8 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
      * that still leaves two waves of blocks. */
     const int bm = N <= 32 ? 32 : N <= 64 ? 64 : 128;
     const int64_t tiles = bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, kRowsPerBlock);
-    if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= 2 * sms)
-        return launch<128, 2 * kRowsPerBlock, 2, 4, kStages, 1>(device, a, s);
+    if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= GEMM_BIG_WAVES * sms)
+        return launch<128, 2 * kRowsPerBlock, GEMM_BIG_WM, GEMM_BIG_WN, kStages, 1>(device, a, s);
     /* Too few blocks for the GPU (sm_90): K split over clusters of 2 to 8 blocks, each taking at
      * least 2 tiles of K. */
     int split = 1;
