@@ -23,16 +23,19 @@ namespace {
 constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
 constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
 constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
-#ifndef GEMM_STAGES
-#define GEMM_STAGES 4
-#define GEMM_MIN_BLOCKS 1
-#define GEMM_BIG_WM 2
-#define GEMM_BIG_WN 4
+/* k tiles in flight. Blocks of 32 or 64 tokens (and of 128 tokens x 128 rows) are used where there
+ * are few blocks: their stages are small, and each block must keep more bytes of weights in flight
+ * to cover the memory latency. The defines are for tools/dev/gemm_variants.sh; the values were
+ * measured on an H100 (docs/log/2026-11-26-gemm.md). */
+#ifndef GEMM_MID_STAGES
+#define GEMM_MID_STAGES 6
 #endif
-#ifndef GEMM_BIG_WAVES
-#define GEMM_BIG_WAVES 2
+#ifndef GEMM_SMALL_STAGES
+#define GEMM_SMALL_STAGES 8
 #endif
-constexpr int kStages = GEMM_STAGES;               /* k tiles in flight */
+constexpr int kStages = 4;                    /* 128 tokens x 256 rows */
+constexpr int kMidStages = GEMM_MID_STAGES;     /* 128 tokens x 128 rows */
+constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
 
 struct GemmArgs {
     const uint8_t *w; /* [M, K/4] */
@@ -149,7 +152,7 @@ struct Tiles {
  * blocks of a cluster take equal shares of K, and the first adds up the others' partial dots from
  * their shared memory (exact int32) before it stores the outputs. */
 template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
-__global__ __launch_bounds__(WARPS_M *WARPS_N * 32, GEMM_MIN_BLOCKS) void gemm_w2a8(const GemmArgs a) {
+__global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const GemmArgs a) {
     using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
     extern __shared__ int4 shared[];
     uint8_t *smem = reinterpret_cast<uint8_t *>(shared);
@@ -358,13 +361,13 @@ bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
     return BITNET_OK;
 }
 
-template <int BM, int WARPS_M, int WARPS_N>
+template <int BM, int WARPS_M, int WARPS_N, int STAGES>
 bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStream_t stream) {
     switch (split) {
-    case 8: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 8>(device, a, stream);
-    case 4: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 4>(device, a, stream);
-    case 2: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 2>(device, a, stream);
-    default: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, kStages, 1>(device, a, stream);
+    case 8: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 8>(device, a, stream);
+    case 4: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 4>(device, a, stream);
+    case 2: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 2>(device, a, stream);
+    default: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 1>(device, a, stream);
     }
 }
 
@@ -394,13 +397,13 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
      * that still leaves two waves of blocks. */
     const int bm = N <= 32 ? 32 : N <= 64 ? 64 : 128;
     const int64_t tiles = bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, kRowsPerBlock);
-    if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= GEMM_BIG_WAVES * sms)
-        return launch<128, 2 * kRowsPerBlock, GEMM_BIG_WM, GEMM_BIG_WN, kStages, 1>(device, a, s);
+    if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= 2 * sms)
+        return launch<128, 2 * kRowsPerBlock, 2, 4, kStages, 1>(device, a, s);
     /* Too few blocks for the GPU (sm_90): K split over clusters of 2 to 8 blocks, each taking at
      * least 2 tiles of K. */
     int split = 1;
     while (major >= 9 && split < 8 && tiles * split * 2 <= sms && K / kTileK >= 4 * split) split *= 2;
-    if (bm == 32) return launch_split<32, 2, 4>(split, device, a, s);
-    if (bm == 64) return launch_split<64, 2, 4>(split, device, a, s);
-    return launch_split<128, 2, 4>(split, device, a, s);
+    if (bm == 32) return launch_split<32, 2, 4, kSmallStages>(split, device, a, s);
+    if (bm == 64) return launch_split<64, 2, 4, kSmallStages>(split, device, a, s);
+    return launch_split<128, 2, 4, kMidStages>(split, device, a, s);
 }
