@@ -521,9 +521,8 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
                        "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
     cudaStream_t s = bn_stream(stream);
     int64_t y_size = bn_dtype_size(y_dtype);
-    /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma); past 16 tokens launches repeat (and read
-     * the weights again). The int8 tensor-core kernel needs sm_80; older GPUs take one token per
-     * launch. */
+    /* From kGemmMinTokens tokens on, the GEMM (sm_80+). Else tokens per launch: 1 (dp4a), else 8 or
+     * 16 (mma). The int8 tensor-core kernels need sm_80; older GPUs take one token per launch. */
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
     if (major >= 8 && N >= kGemmMinTokens)
