@@ -10,6 +10,8 @@
  * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
  * Launched by bn_cuda_gemm_w2a8 (gemm_w2a8.cu) on compute capability 9.0 for large problems.
  * Measured numbers: docs/gemm.md. */
+#include <type_traits>
+
 #include "common.cuh"
 #include "gemm_w2a8.cuh"
 
@@ -18,7 +20,7 @@ using namespace bn_gemm;
 namespace {
 
 constexpr int kRows = 256, kTokens = 128, kThreads = 256;
-constexpr int kStages = 4;
+constexpr int kStages = 5;
 constexpr int kXBytes = kTokens * kTileK, kWBytes = kRows * kTileKBytesW;
 constexpr int kStageBytes = kXBytes + kWBytes; /* a multiple of 1024: x tiles stay 1024-aligned */
 constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageBytes + 1024; /* + alignment */
@@ -107,24 +109,9 @@ __global__ __launch_bounds__(kThreads, 1) void gemm_w2a8_wgmma(const GemmArgs a)
     const int a_swizzle = (g >> 2) & 1; /* w_tile_offset's, the same for r + 8 and every tile */
     const int shift = 2 * t;
 
-    int acc[2][64] = {};
-#pragma unroll
-    for (int s = 0; s < kStages - 1; s++) {
-        if (s < k_tiles) load_stage(s, s);
-        copy_commit();
-    }
-    for (int kt = 0; kt < k_tiles; kt++) {
-        copy_wait<kStages - 2>();
-        fence_async_shared();
-        __syncthreads();
-        /* Every wgmma of tile kt - 1 has completed (waited for below), so its stage is free. */
-        if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
-        copy_commit();
-
-        const int stage = kt % kStages;
-        const uint8_t *w_tile = smem + stage * kStageBytes + kXBytes;
-        /* af[mt][s]: the A fragment of k32 step s of row tile mt */
-        uint32_t af[2][4][4];
+    /* af[mt][s]: the A fragment of k32 step s of row tile mt, from the stage of tile kt. */
+    auto expand = [&](uint32_t (&af)[2][4][4], int kt) {
+        const uint8_t *w_tile = smem + (kt % kStages) * kStageBytes + kXBytes;
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
@@ -140,35 +127,84 @@ __global__ __launch_bounds__(kThreads, 1) void gemm_w2a8_wgmma(const GemmArgs a)
                 }
             }
         }
-        const uint32_t x_tile = smem_base + stage * kStageBytes;
+    };
+    /* Tile kt + 1 visible to every thread and to the tensor cores. */
+    auto await_tile = [&]() {
+        copy_wait<kStages - 3>();
+        fence_async_shared();
+        __syncthreads();
+    };
+
+    int acc[2][64] = {};
+    uint32_t af[2][2][4][4]; /* [kt % 2]: the next tile's fragments are made while the tensor cores
+                                run this tile's (compile-time index: the loop goes by two tiles) */
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++) {
+        if (s < k_tiles) load_stage(s, s);
+        copy_commit();
+    }
+    copy_wait<kStages - 2>();
+    fence_async_shared();
+    __syncthreads();
+    expand(af[0], 0);
+    /* Tile kt: its wgmmas; meanwhile tile kt + 1 is awaited and expanded; then, with every wgmma of
+     * tile kt done in this warpgroup and every thread past the barrier that follows all wgmmas of
+     * tile kt - 1, the stage of tile kt - 1 takes tile kt + kStages - 1. One commit group per tile. */
+    auto run_tile = [&](auto cur, int kt) {
+        constexpr int c = decltype(cur)::value;
+        const uint32_t x_tile = smem_base + (kt % kStages) * kStageBytes;
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 4; s++) {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) wgmma_s8(acc[mt], af[mt][s], x_descriptor(x_tile + 32 * s));
+            for (int mt = 0; mt < 2; mt++) wgmma_s8(acc[mt], af[c][mt][s], x_descriptor(x_tile + 32 * s));
         }
         wgmma_commit();
+        if (kt + 1 < k_tiles) {
+            await_tile();
+            expand(af[c ^ 1], kt + 1);
+        }
         wgmma_wait_all();
+        if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+        copy_commit();
+    };
+    for (int kt = 0; kt < k_tiles; kt += 2) {
+        run_tile(std::integral_constant<int, 0>(), kt);
+        if (kt + 1 < k_tiles) run_tile(std::integral_constant<int, 1>(), kt + 1);
     }
     copy_wait<0>();
     bn_pdl_launch_dependents();
 
-    /* acc[mt][4 j + e]: row a_row + 64 mt + 8 (e / 2), token 8 j + 2 t + e % 2. */
+    /* acc[mt][4 j + e]: row a_row + 64 mt + 8 (e / 2), token 8 j + 2 t + e % 2. The scales are
+     * loaded before any store (y might alias them as far as the compiler knows). */
     const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
+    float x_scale[16][2], w_scale[2][2];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int n = token0 + 8 * j + 2 * t + e;
+            x_scale[j][e] = scaled_out && n < a.N ? a.x_scales[n] : 0.0f;
+        }
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int m = row0 + a_row + 64 * mt + 8 * half;
+            w_scale[mt][half] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
+        }
 #pragma unroll
     for (int mt = 0; mt < 2; mt++) {
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int m = row0 + a_row + 64 * mt + 8 * half;
             if (m >= a.M) continue;
-            const float w_scale = scaled_out ? a.w_scales[m] : 0.0f;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int n = token0 + 8 * j + 2 * t + e;
-                    if (n >= a.N) continue;
-                    store_one(a, n, m, acc[mt][4 * j + 2 * half + e], w_scale, scaled_out ? a.x_scales[n] : 0.0f);
+                    if (n < a.N) store_one(a, n, m, acc[mt][4 * j + 2 * half + e], w_scale[mt][half], x_scale[j][e]);
                 }
             }
         }
