@@ -6,7 +6,9 @@
  * - mma A = x (ldmatrix, 16 tokens x 32), B = weight codes (8 rows x 32): lane (g, t) gets k = 4t..4t+3
  *   of each 16-byte piece of k, which is packed word s of its row at shift t (docs/weight_format.md):
  *   one shift and one AND per 4 weights, read as unsigned bytes (mma s8.u8). The codes' excess sum(x)
- *   comes from the same mma with B = all ones, one k32 step in WARPS_N per warp, added up at the end.
+ *   is taken by dp4a from the A fragments, one k32 step in WARPS_N per warp, added up at the end.
+ * - Fragments are read one k32 step ahead of the mma. Few blocks for the GPU (sm_90): K is split over a
+ *   thread-block cluster, whose first block adds up the partial dots through distributed shared memory.
  * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
  * The packed weights are the GEMV's: no second copy. Measured numbers: docs/gemm.md. */
 #include <cuda_bf16.h>
