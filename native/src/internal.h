@@ -153,10 +153,6 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
 bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
                                 int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
                                 int64_t N, void *y, int32_t y_dtype, void *stream);
-/* Its wgmma kernel (compute capability 9.0 only; arguments checked). */
-bitnet_status bn_cuda_gemm_w2a8_sm90(int32_t device, const uint8_t *w_packed, const float *w_scales,
-                                     int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
-                                     int64_t N, void *y, int32_t y_dtype, void *stream);
 
 /* ---- RMSNorm ---- */
 

@@ -17,22 +17,16 @@
 #include <cooperative_groups.h>
 
 #include "common.cuh"
-#include "gemm_w2a8.cuh"
 
 namespace cg = cooperative_groups;
-using namespace bn_gemm;
 
 namespace {
 
+constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
+constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
 constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
-#ifndef GEMM_WGMMA_MIN_TOKENS
-#define GEMM_WGMMA_MIN_TOKENS 128
-#endif
-constexpr int64_t kWgmmaMinTokens = GEMM_WGMMA_MIN_TOKENS;
-/* k tiles in flight. Blocks of 32 or 64 tokens (and of 128 tokens x 128 rows) are used where there
- * are few blocks: their stages are small, and each block must keep more bytes of weights in flight
- * to cover the memory latency. The defines are for tools/dev/gemm_variants.sh; the values were
- * measured on an H100 (docs/log/2026-11-26-gemm.md). */
+/* k tiles in flight. The smaller blocks have room for more stages; on an H100, 6 and 8 timed the same
+ * as 4 within 3% (docs/log/2026-11-26-gemm.md). The defines are for tools/dev/gemm_variants.sh. */
 #ifndef GEMM_MID_STAGES
 #define GEMM_MID_STAGES 6
 #endif
@@ -42,6 +36,30 @@ constexpr int64_t kWgmmaMinTokens = GEMM_WGMMA_MIN_TOKENS;
 constexpr int kStages = 4;                    /* 128 tokens x 256 rows */
 constexpr int kMidStages = GEMM_MID_STAGES;     /* 128 tokens x 128 rows */
 constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
+
+struct GemmArgs {
+    const uint8_t *w; /* [M, K/4] */
+    const float *w_scales;
+    const int8_t *x; /* [N, K] */
+    const float *x_scales;
+    void *y; /* [N, M] */
+    int32_t y_dtype;
+    int M, K, N;
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
+__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void copy_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
     BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -62,6 +80,56 @@ __device__ __forceinline__ void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], u
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Byte offset of 16-byte chunk c of row r in a stage's x tile (rows of 128 bytes): the XOR puts the 8
+ * rows that one ldmatrix matrix reads in 8 different chunks, so all 32 banks. */
+__device__ __forceinline__ int x_tile_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+/* Byte offset of half h (16 bytes) of row n in a stage's weight tile (rows of 32 bytes): the 8 rows
+ * that lanes g = 0..7 read at once land in 8 different bank quads. */
+__device__ __forceinline__ int w_tile_offset(int n, int h) { return n * 32 + ((h ^ ((n >> 2) & 1)) << 4); }
+
+__device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
+    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
+}
+
+/* y[n, m] and y[n, m + 1] (the second only where pair). */
+__device__ __forceinline__ void store_pair(const GemmArgs &a, int n, int m, int d0, int d1, float ws0, float ws1,
+                                           float xs, bool pair) {
+    const int64_t index = static_cast<int64_t>(n) * a.M + m;
+    const bool vector = pair && (index % 2 == 0);
+    if (a.y_dtype == BITNET_DTYPE_I32) {
+        int *y = static_cast<int *>(a.y) + index;
+        if (vector) *reinterpret_cast<int2 *>(y) = make_int2(d0, d1);
+        else {
+            y[0] = d0;
+            if (pair) y[1] = d1;
+        }
+        return;
+    }
+    const float v0 = scaled(d0, ws0, xs), v1 = scaled(d1, ws1, xs);
+    if (a.y_dtype == BITNET_DTYPE_F32) {
+        float *y = static_cast<float *>(a.y) + index;
+        if (vector) *reinterpret_cast<float2 *>(y) = make_float2(v0, v1);
+        else {
+            y[0] = v0;
+            if (pair) y[1] = v1;
+        }
+    } else if (a.y_dtype == BITNET_DTYPE_F16) {
+        __half *y = static_cast<__half *>(a.y) + index;
+        if (vector) *reinterpret_cast<__half2 *>(y) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+        else {
+            y[0] = __float2half_rn(v0);
+            if (pair) y[1] = __float2half_rn(v1);
+        }
+    } else {
+        __nv_bfloat16 *y = static_cast<__nv_bfloat16 *>(a.y) + index;
+        if (vector) *reinterpret_cast<__nv_bfloat162 *>(y) = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+        else {
+            y[0] = __float2bfloat16_rn(v0);
+            if (pair) y[1] = __float2bfloat16_rn(v1);
+        }
+    }
 }
 
 template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
@@ -322,13 +390,9 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     a.K = static_cast<int>(K);
     a.N = static_cast<int>(N);
     cudaStream_t s = bn_stream(stream);
-    int major = 0, minor = 0, sms = 0;
+    int major = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     BN_TRY(bn_cuda_sm_count(device, &sms));
-    /* Compute capability 9.0 (sm_90a code): the wgmma kernel from kWgmmaMinTokens tokens on. */
-    if (major == 9 && minor == 0 && N >= kWgmmaMinTokens)
-        return bn_cuda_gemm_w2a8_sm90(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
      * that still leaves two waves of blocks. */
     const int bm = N <= 32 ? 32 : N <= 64 ? 64 : 128;
