@@ -376,9 +376,10 @@ bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStr
 bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales, int64_t M,
                                 int64_t K, const int8_t *x_q, const float *x_scales, int64_t N, void *y,
                                 int32_t y_dtype, void *stream) {
-    if (N > 65535LL * 32 || M > 65535LL * kRowsPerBlock)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8: N = %lld, M = %lld is over the GEMM's grid "
-                       "limit", (long long)N, (long long)M);
+    static_assert(BN_GEMM_MAX_M <= 65535LL * kRowsPerBlock, "blocks of rows: gridDim.y <= 65535");
+    if (N > BN_GEMM_MAX_N || M > BN_GEMM_MAX_M)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8: N = %lld, M = %lld is over the GEMM's limits "
+                       "(N <= %d, M <= %lld)", (long long)N, (long long)M, BN_GEMM_MAX_N, BN_GEMM_MAX_M);
     GemmArgs a;
     a.w = w_packed;
     a.w_scales = w_scales;

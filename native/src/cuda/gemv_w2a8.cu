@@ -525,7 +525,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
      * 16 (mma). The int8 tensor-core kernels need sm_80; older GPUs take one token per launch. */
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    if (major >= 8 && N >= kGemmMinTokens)
+    if (major >= 8 && N >= kGemmMinTokens && N <= BN_GEMM_MAX_N && M <= BN_GEMM_MAX_M)
         return bn_cuda_gemm_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
