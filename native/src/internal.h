@@ -161,6 +161,14 @@ bitnet_status bn_cuda_quantize_a8(int32_t device, const void *x, int32_t x_dtype
 bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
                                 int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
                                 int64_t N, void *y, int32_t y_dtype, void *stream);
+/* The tensor-core GEMM behind bn_cuda_gemv_w2a8 for many tokens (sm_80+; arguments checked), for
+ * M <= BN_GEMM_MAX_M (65535 blocks of 128 rows) and N <= BN_GEMM_MAX_N; larger problems keep the
+ * GEMV's launches. */
+#define BN_GEMM_MAX_M (65535LL * 128)
+#define BN_GEMM_MAX_N (INT32_MAX / 2)
+bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
+                                int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
+                                int64_t N, void *y, int32_t y_dtype, void *stream);
 
 /* ---- RMSNorm ---- */
 

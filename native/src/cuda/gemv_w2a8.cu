@@ -47,6 +47,14 @@ constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
 constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
 constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
 
+/* From this many tokens on, sm_80+ GPUs take the tensor-core GEMM (gemm_w2a8.cu) instead of the
+ * launches of 16 tokens that read the weights again each. Measured crossover on an H100:
+ * docs/log/2026-11-26-gemm.md (built with -DBN_GEMM_MIN_TOKENS=n to time other choices). */
+#ifndef BN_GEMM_MIN_TOKENS
+#define BN_GEMM_MIN_TOKENS 17
+#endif
+constexpr int64_t kGemmMinTokens = BN_GEMM_MIN_TOKENS;
+
 struct GemvArgs {
     const uint4 *w;        /* [M, K/64]: 16-byte chunks of 64 weights */
     const float *w_scales;
@@ -513,11 +521,12 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
                        "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
     cudaStream_t s = bn_stream(stream);
     int64_t y_size = bn_dtype_size(y_dtype);
-    /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma); past 16 tokens launches repeat (and read
-     * the weights again). The int8 tensor-core kernel needs sm_80; older GPUs take one token per
-     * launch. */
+    /* From kGemmMinTokens tokens on, the GEMM (sm_80+). Else tokens per launch: 1 (dp4a), else 8 or
+     * 16 (mma). The int8 tensor-core kernels need sm_80; older GPUs take one token per launch. */
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    if (major >= 8 && N >= kGemmMinTokens && N <= BN_GEMM_MAX_N && M <= BN_GEMM_MAX_M)
+        return bn_cuda_gemm_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     TokensLaunch launches[3] = {}; /* for 1, 8 and 16 tokens, planned when first needed */
