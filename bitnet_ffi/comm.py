@@ -1,0 +1,192 @@
+"""Collectives between the ranks of a tensor-parallel run: the library's one-shot all-reduce and
+all-gather over NVLink peer memory (``PeerBuffers``), NCCL (``bitnet_ffi.nccl``), and ``Group``,
+one rank's view of both, which the model calls. ``ThreadGroup`` simulates ranks as threads of one
+process on the CPU (host sums in the same order as the GPU's), for testing the split model."""
+import threading
+
+import numpy as np
+
+from . import _arrays, _ffi
+from ._arrays import CPU, DTYPE_CODES, FLOAT_DTYPES, DeviceArray
+from .errors import InvalidArgumentError, RankFailedError
+
+# The largest per-rank message the peer collectives take by default (the gathered logits of a
+# 128256-word vocabulary split over 2 ranks are 256 KB).
+DEFAULT_MAX_BYTES = 1 << 20
+
+
+def peer_buffer_size(max_bytes):
+    out = _ffi.ffi.new("int64_t *")
+    _ffi.call("peer_buffer_size", int(max_bytes), out)
+    return out[0]
+
+
+class PeerBuffers:
+    """This rank's peer buffer and its mappings of every other rank's, for the one-shot
+    collectives. `exchange(bytes) -> [bytes per rank]` shares the IPC handles (NCCL's all-gather,
+    or anything else that reaches every rank); it must also be a barrier, since every buffer has to
+    be zeroed before any rank raises a flag in it."""
+
+    def __init__(self, device, rank, world, exchange, max_bytes=DEFAULT_MAX_BYTES):
+        self.device, self.rank, self.world = int(device), int(rank), int(world)
+        self.nbytes = peer_buffer_size(max_bytes)
+        self.max_bytes = (self.nbytes - 4096) // 2
+        self.own = DeviceArray((self.nbytes,), "uint8", self.device)
+        _ffi.call("memset", _ffi.ffi.cast("void *", self.own.ptr), 0, self.nbytes, _ffi.ffi.NULL)
+        _ffi.call("device_synchronize", self.device)
+        self.opened = []
+        pointers = [None] * self.world
+        pointers[self.rank] = self.own.ptr
+        if self.world > 1:
+            handle = _ffi.ffi.new("bitnet_ipc_handle *")
+            _ffi.call("ipc_get_handle", self.device, _ffi.ffi.cast("void *", self.own.ptr), handle)
+            handles = exchange(bytes(_ffi.ffi.buffer(handle)))
+            for r, data in enumerate(handles):
+                if r == self.rank:
+                    continue
+                peer = _ffi.ffi.new("bitnet_ipc_handle *")
+                _ffi.ffi.memmove(peer, data, len(data))
+                out = _ffi.ffi.new("void **")
+                _ffi.call("ipc_open_handle", self.device, peer, out)
+                pointers[r] = int(_ffi.ffi.cast("uintptr_t", out[0]))
+                self.opened.append(pointers[r])
+        self.table = _ffi.ffi.new("void *[]", [_ffi.ffi.cast("void *", p) for p in pointers])
+
+    def _call(self, name, named, stream):
+        arrays, device, handle = _arrays.prepare(named, stream, writes=("out",))
+        if device != self.device:
+            raise InvalidArgumentError(f"peer collectives of this group run on "
+                                       f"{_arrays.device_name(self.device)}, got arrays on "
+                                       f"{_arrays.device_name(device)}")
+        return arrays, _ffi.ffi.cast("void *", handle)
+
+    def all_reduce(self, x, out, stream=None):
+        """out = sum over ranks of x (float32 accumulation; out may have another float dtype)."""
+        arrays, handle = self._call("allreduce", {"x": x, "out": out}, stream)
+        xa = _arrays.check(arrays["x"], "x", FLOAT_DTYPES, (None,) * len(arrays["x"].shape))
+        oa = _arrays.check(arrays["out"], "out", FLOAT_DTYPES, xa.shape)
+        _ffi.call("peer_allreduce", self.device, DTYPE_CODES[xa.dtype], DTYPE_CODES[oa.dtype],
+                  xa.size, xa.cptr(), oa.cptr(), self.table, self.world, self.rank, self.nbytes,
+                  handle)
+        return out
+
+    def all_gather(self, x, out, stream=None):
+        """out [rows, world * cols] = the ranks' x [rows, cols] side by side, in rank order."""
+        arrays, handle = self._call("allgather", {"x": x, "out": out}, stream)
+        xa = arrays["x"]
+        rows, cols, lead = _arrays.tokens(xa.shape, "x")
+        _arrays.check(xa, "x", FLOAT_DTYPES, (*lead, cols))
+        oa = _arrays.check(arrays["out"], "out", xa.dtype, (*lead, self.world * cols))
+        _ffi.call("peer_allgather", self.device, DTYPE_CODES[xa.dtype], rows, cols, xa.cptr(),
+                  oa.cptr(), self.table, self.world, self.rank, self.nbytes, handle)
+        return out
+
+    def abort(self):
+        """Releases this rank's waiting peer calls (any thread); the buffers are then unusable."""
+        _ffi.call("peer_abort", self.device, _ffi.ffi.cast("void *", self.own.ptr))
+
+    def close(self):
+        for ptr in self.opened:
+            _ffi.lib().bitnet_ipc_close_handle(self.device, _ffi.ffi.cast("void *", ptr))
+        self.opened = []
+
+
+class Group:
+    """One rank's collectives for the model: all_reduce(x, out) and all_gather(x, out) by the
+    one-shot peer kernels (``method="peer"``, the default: faster than NCCL at decode's sizes,
+    tools/bench_allreduce.py) or by NCCL (``"nccl"``: in-place sums of one dtype). ``ctx`` is the
+    rank's launcher.RankContext; on a rank failure elsewhere the launcher aborts both."""
+
+    def __init__(self, ctx, method="peer", max_bytes=DEFAULT_MAX_BYTES):
+        if method not in ("peer", "nccl"):
+            raise InvalidArgumentError(f"method must be peer or nccl, got {method!r}")
+        self.ctx, self.rank, self.world, self.device = ctx, ctx.rank, ctx.world, ctx.device
+        self.method = method
+        self.nccl = None
+        if self.world > 1:
+            from . import nccl
+            uid = ctx.broadcast(nccl.unique_id() if self.rank == 0 else None)
+            self.nccl = nccl.Communicator(uid, self.world, self.rank, self.device)
+            ctx.on_abort(self.nccl.abort)
+        exchange = self.nccl.all_gather_bytes if self.nccl else (lambda data: [data])
+        self.peer = PeerBuffers(self.device, self.rank, self.world, exchange, max_bytes)
+        ctx.on_abort(self.peer.abort)
+
+    def all_reduce(self, x, out, stream=None):
+        if self.method == "nccl" and self.nccl is not None:
+            return self.nccl.all_reduce(x, out, stream=stream)
+        return self.peer.all_reduce(x, out, stream=stream)
+
+    def all_gather(self, x, out, stream=None):
+        if self.method == "nccl" and self.nccl is not None:
+            return self.nccl.all_gather(x, out, stream=stream)
+        return self.peer.all_gather(x, out, stream=stream)
+
+    def check(self):
+        """Raises RankFailedError if another rank failed (call after each synchronization)."""
+        self.ctx.check()
+
+    def close(self):
+        self.peer.close()
+        if self.nccl is not None:
+            self.nccl.close()
+
+
+class ThreadGroup:
+    """Ranks simulated by threads of one process, on the CPU: the same all_reduce / all_gather as
+    Group, computed on the host (float32 sums in rank order, as the peer kernel adds)."""
+
+    class Shared:
+        def __init__(self, world):
+            self.world = world
+            self.barrier = threading.Barrier(world, timeout=60)
+            self.slots = [None] * world
+
+    def __init__(self, shared, rank):
+        self.shared, self.rank, self.world, self.device = shared, rank, shared.world, CPU
+
+    def _exchange(self, x):
+        self.shared.slots[self.rank] = np.array(x, copy=True)
+        self.shared.barrier.wait()
+        values = list(self.shared.slots)
+        self.shared.barrier.wait()  # nobody overwrites a slot before everyone has read it
+        return values
+
+    def all_reduce(self, x, out, stream=None):
+        total = np.zeros(np.shape(x), dtype=np.float32)
+        for value in self._exchange(x):
+            total += value.astype(np.float32)
+        out[...] = total.astype(out.dtype)
+        return out
+
+    def all_gather(self, x, out, stream=None):
+        out[...] = np.concatenate(self._exchange(x), axis=-1).reshape(out.shape)
+        return out
+
+    def check(self):
+        pass
+
+
+def run_threads(target, world, *args):
+    """Runs target(group, *args) for each simulated rank in its own thread; returns the results
+    in rank order, or raises the first rank's exception (naming the rank)."""
+    shared = ThreadGroup.Shared(world)
+    results, errors = [None] * world, [None] * world
+
+    def body(rank):
+        try:
+            results[rank] = target(ThreadGroup(shared, rank), *args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            errors[rank] = exc
+            shared.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for rank, exc in enumerate(errors):
+        if exc is not None and not isinstance(exc, threading.BrokenBarrierError):
+            raise RankFailedError(f"rank {rank} failed: {type(exc).__name__}: {exc}",
+                                  failed_rank=rank) from exc
+    return results
