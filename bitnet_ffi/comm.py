@@ -70,15 +70,19 @@ class PeerBuffers:
                   handle)
         return out
 
-    def all_gather(self, x, out, stream=None):
-        """out [rows, world * cols] = the ranks' x [rows, cols] side by side, in rank order."""
+    def all_gather(self, x, out, counts=None, stream=None):
+        """out = the ranks' x end to end, in rank order (flattened): rank r's piece has counts[r]
+        elements (default: all as many as this rank's x)."""
         arrays, handle = self._call("allgather", {"x": x, "out": out}, stream)
-        xa = arrays["x"]
-        rows, cols, lead = _arrays.tokens(xa.shape, "x")
-        _arrays.check(xa, "x", FLOAT_DTYPES, (*lead, cols))
-        oa = _arrays.check(arrays["out"], "out", xa.dtype, (*lead, self.world * cols))
-        _ffi.call("peer_allgather", self.device, DTYPE_CODES[xa.dtype], rows, cols, xa.cptr(),
-                  oa.cptr(), self.table, self.world, self.rank, self.nbytes, handle)
+        xa = _arrays.check(arrays["x"], "x", FLOAT_DTYPES, (None,) * len(arrays["x"].shape))
+        counts = _counts(counts, xa.size, self.world, self.rank)
+        oa = arrays["out"]
+        if oa.size != sum(counts) or oa.dtype != xa.dtype:
+            raise InvalidArgumentError(f"out: expected {sum(counts)} {xa.dtype} elements, got "
+                                       f"{oa.describe()}")
+        _ffi.call("peer_allgather", self.device, DTYPE_CODES[xa.dtype],
+                  _ffi.ffi.new("int64_t[]", counts), xa.cptr(), oa.cptr(), self.table,
+                  self.world, self.rank, self.nbytes, handle)
         return out
 
     def abort(self):
@@ -103,6 +107,7 @@ class Group:
         self.ctx, self.rank, self.world, self.device = ctx, ctx.rank, ctx.world, ctx.device
         self.method = method
         self.nccl = None
+        self._padded = {}
         if self.world > 1:
             from . import nccl
             uid = ctx.broadcast(nccl.unique_id() if self.rank == 0 else None)
@@ -117,10 +122,37 @@ class Group:
             return self.nccl.all_reduce(x, out, stream=stream)
         return self.peer.all_reduce(x, out, stream=stream)
 
-    def all_gather(self, x, out, stream=None):
+    def all_gather(self, x, out, counts=None, stream=None):
+        """out = the ranks' x end to end (rank r's piece: counts[r] elements, default equal)."""
         if self.method == "nccl" and self.nccl is not None:
+            return self._nccl_gather(x, out, counts, stream)
+        return self.peer.all_gather(x, out, counts=counts, stream=stream)
+
+    def _nccl_gather(self, x, out, counts, stream):
+        """NCCL gathers equal pieces: uneven ones go through a padded buffer, then one device copy
+        per rank into place."""
+        xa = _arrays.as_array(x, "x")
+        counts = _counts(counts, xa.size, self.world, self.rank)
+        if len(set(counts)) == 1:
             return self.nccl.all_gather(x, out, stream=stream)
-        return self.peer.all_gather(x, out, stream=stream)
+        size, largest = _arrays.ITEMSIZE[xa.dtype], max(counts)
+        key = (xa.dtype, largest)
+        if key not in self._padded:
+            self._padded[key] = (DeviceArray((largest,), xa.dtype, self.device),
+                                 DeviceArray((self.world, largest), xa.dtype, self.device))
+        send, gathered = self._padded[key]
+        handle = _arrays.stream_handle(stream) if stream is not None else 0
+        copy = _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", send.ptr), xa.cptr(), xa.size * size, copy,
+                  _ffi.ffi.cast("void *", handle))
+        self.nccl.all_gather(send, gathered, stream=stream)
+        oa, offset = _arrays.as_array(out, "out"), 0
+        for r, count in enumerate(counts):
+            _ffi.call("memcpy", _ffi.ffi.cast("void *", oa.ptr + offset * size),
+                      _ffi.ffi.cast("void *", gathered.ptr + r * largest * size), count * size,
+                      copy, _ffi.ffi.cast("void *", handle))
+            offset += count
+        return out
 
     def check(self):
         """Raises RankFailedError if another rank failed (call after each synchronization)."""
@@ -159,12 +191,25 @@ class ThreadGroup:
         out[...] = total.astype(out.dtype)
         return out
 
-    def all_gather(self, x, out, stream=None):
-        out[...] = np.concatenate(self._exchange(x), axis=-1).reshape(out.shape)
+    def all_gather(self, x, out, counts=None, stream=None):
+        pieces = [p.reshape(-1) for p in self._exchange(x)]
+        if counts is not None and [p.size for p in pieces] != list(counts):
+            raise InvalidArgumentError(f"counts {list(counts)} do not match the pieces "
+                                       f"{[p.size for p in pieces]}")
+        out[...] = np.concatenate(pieces).reshape(out.shape)
         return out
 
     def check(self):
         pass
+
+
+def _counts(counts, own, world, rank):
+    """Each rank's piece of an all-gather, as a list of ints; this rank's must be its x's size."""
+    counts = [own] * world if counts is None else [int(c) for c in counts]
+    if len(counts) != world or counts[rank] != own:
+        raise InvalidArgumentError(f"counts {counts}: expected {world} counts with this rank's "
+                                   f"({rank}) equal to its x's {own} elements")
+    return counts
 
 
 def run_threads(target, world, *args):

@@ -14,8 +14,8 @@ differently (float32 partials added in rank order).
 
 Per layer a decode step makes 4 collectives (2 gathers, 2 all-reduces), plus one for the head.
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
-1 only; a prompt runs token by token through the same step. The model needs only the Config and
-``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host), ``random_shard``
+1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``: 5 KV heads over 2 ranks
+are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host), ``random_shard``
 makes a rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take
 far too long to quantize from floats)."""
 import itertools
@@ -37,29 +37,58 @@ BF16 = "bfloat16"
 GEMV_K_MULTIPLE = 128
 
 
-def check_split(config, world):
-    """Raises UnsupportedError unless `config` splits evenly over `world` ranks."""
-    hs, inter = config.hidden // world, config.intermediate // world
-    problems = [f"{name} = {value} is not a multiple of world = {world}"
-                for name, value in (("heads", config.heads), ("kv_heads", config.kv_heads),
-                                    ("intermediate", config.intermediate),
-                                    ("vocab", config.vocab), ("hidden", config.hidden))
-                if value % world]
-    if config.heads * config.head_dim != config.hidden:
+@dataclass(frozen=True)
+class Split:
+    """How a Config divides over `world` ranks, per rank: KV heads (each with its G = heads /
+    kv_heads query heads), FFN columns and vocabulary rows. As even as the units allow (5 KV heads
+    over 2 ranks: 3 and 2), so every rank's pieces may differ in size."""
+    world: int
+    kv_heads: tuple
+    heads: tuple
+    intermediate: tuple
+    vocab: tuple
+
+    @staticmethod
+    def start(sizes, rank):
+        return sum(sizes[:rank])
+
+
+def _even(units, world):
+    return tuple(units // world + (1 if r < units % world else 0) for r in range(world))
+
+
+def split(config, world):
+    """The Split of `config` over `world` ranks; UnsupportedError names every constraint broken."""
+    c = config
+    problems = []
+    if c.heads * c.head_dim != c.hidden:
         problems.append("heads * head_dim must equal hidden")
-    for name, k in (("hidden / world", hs), ("intermediate / world", inter)):
-        if k % GEMV_K_MULTIPLE:
-            problems.append(f"{name} = {k} is not a multiple of {GEMV_K_MULTIPLE} (the GEMV's K)")
+    if c.heads % c.kv_heads:
+        problems.append(f"heads = {c.heads} is not a multiple of kv_heads = {c.kv_heads}")
+    if c.kv_heads < world:
+        problems.append(f"kv_heads = {c.kv_heads} < world = {world} (KV heads are not replicated)")
+    if c.intermediate % GEMV_K_MULTIPLE:
+        problems.append(f"intermediate = {c.intermediate} is not a multiple of {GEMV_K_MULTIPLE} "
+                        f"(the down projection's K, split in such units)")
     if problems:
         raise UnsupportedError(f"tensor parallelism over {world} ranks: " + "; ".join(problems))
+    kv = _even(c.kv_heads, world)
+    heads = tuple(k * (c.heads // c.kv_heads) for k in kv)
+    widths = [h * c.head_dim for h in heads]
+    if any(w % GEMV_K_MULTIPLE for w in widths):
+        raise UnsupportedError(f"tensor parallelism over {world} ranks: the ranks' attention "
+                               f"widths {widths} (the o projection's K) must be multiples of "
+                               f"{GEMV_K_MULTIPLE}")
+    inter = tuple(GEMV_K_MULTIPLE * u for u in _even(c.intermediate // GEMV_K_MULTIPLE, world))
+    return Split(world, kv, heads, inter, _even(c.vocab, world))
 
 
 @dataclass
 class ShardLayer:
-    qkv: object      # TernaryWeights [(heads + 2 kv_heads) / world * head_dim, H]: Q, K, V rows
-    o: object        # [H, H / world]: this rank's input columns
-    gate_up: object  # [2 I / world, H]: this rank's gate rows, then its up rows
-    down: object     # [H, I / world]
+    qkv: object      # TernaryWeights [(heads_r + 2 kv_heads_r) * head_dim, H]: Q, K, V rows
+    o: object        # [H, heads_r * head_dim]: this rank's input columns
+    gate_up: object  # [2 I_r, H]: this rank's gate rows, then its up rows
+    down: object     # [H, I_r]
     attn_norm: object
     attn_sub_norm: object  # full widths: the norms run on whole (gathered) rows
     ffn_norm: object
@@ -69,12 +98,12 @@ class ShardLayer:
 @dataclass
 class Shard:
     config: object
+    split: Split
     rank: int
-    world: int
     layers: list
     final_norm: object
     embedding: object  # bfloat16 [V, H], whole (the lookup needs every row)
-    head: object       # bfloat16 [V / world, H]: this rank's vocabulary rows of the output head
+    head: object       # bfloat16 [V_r, H]: this rank's vocabulary rows of the output head
 
 
 def _rows(ranges):
@@ -85,9 +114,12 @@ def _rows(ranges):
 def shard_weights(weights, rank, world, device):
     """Rank `rank`'s shard of full host weights (model.Weights of numpy arrays), on `device`."""
     c = weights.config
-    check_split(c, world)
+    sp = split(c, world)
     H, I, D = c.hidden, c.intermediate, c.head_dim
-    q, kv, hs, inter = c.heads // world * D, c.kv_heads // world * D, H // world, I // world
+    q0, q = sp.start(sp.heads, rank) * D, sp.heads[rank] * D
+    k0, kv = sp.start(sp.kv_heads, rank) * D, sp.kv_heads[rank] * D
+    f0, inter = sp.start(sp.intermediate, rank), sp.intermediate[rank]
+    v0, vocab = sp.start(sp.vocab, rank), sp.vocab[rank]
 
     def put(host):
         host = np.ascontiguousarray(host)
@@ -104,19 +136,15 @@ def shard_weights(weights, rank, world, device):
     layers = []
     for layer in weights.layers:
         layers.append(ShardLayer(
-            qkv=rows(layer.qkv, [(rank * q, (rank + 1) * q),
-                                 (H + rank * kv, H + (rank + 1) * kv),
-                                 (H + c.kv_dim + rank * kv, H + c.kv_dim + (rank + 1) * kv)]),
-            o=cols(layer.o, rank * hs, hs),
-            gate_up=rows(layer.gate_up, [(rank * inter, (rank + 1) * inter),
-                                         (I + rank * inter, I + (rank + 1) * inter)]),
-            down=cols(layer.down, rank * inter, inter),
+            qkv=rows(layer.qkv, [(q0, q0 + q), (H + k0, H + k0 + kv),
+                                 (H + c.kv_dim + k0, H + c.kv_dim + k0 + kv)]),
+            o=cols(layer.o, q0, q),
+            gate_up=rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
+            down=cols(layer.down, f0, inter),
             attn_norm=put(layer.attn_norm), attn_sub_norm=put(layer.attn_sub_norm),
             ffn_norm=put(layer.ffn_norm), ffn_sub_norm=put(layer.ffn_sub_norm)))
     table = put(weights.embedding)
-    vs = c.vocab // world
-    return Shard(c, rank, world, layers, put(weights.final_norm), table,
-                 table[rank * vs:(rank + 1) * vs])
+    return Shard(c, sp, rank, layers, put(weights.final_norm), table, table[v0:v0 + vocab])
 
 
 # Bytes whose four 2-bit codes are each 0, 1 or 2 (weights -1, 0, 1; docs/weight_format.md).
@@ -128,12 +156,13 @@ def random_shard(config, rank, world, device, seed=0):
     """A rank's shard of random weights, made in packed form: one random matrix per distinct
     shape, generated on the host and uploaded once, then copied on the device into every layer's
     own memory (so a step still reads every layer's bytes). Scales 1 / sqrt(K); norms 1."""
-    check_split(config, world)
     c = config
-    H, I, D = c.hidden, c.intermediate, c.head_dim
+    sp = split(c, world)
+    H, D = c.hidden, c.head_dim
+    hq, hkv, inter = sp.heads[rank], sp.kv_heads[rank], sp.intermediate[rank]
     rng = np.random.default_rng(seed * 1009 + rank)
-    shapes = {"qkv": ((c.heads + 2 * c.kv_heads) // world * D, H), "o": (H, H // world),
-              "gate_up": (2 * I // world, H), "down": (H, I // world)}
+    shapes = {"qkv": ((hq + 2 * hkv) * D, H), "o": (H, hq * D), "gate_up": (2 * inter, H),
+              "down": (H, inter)}
     pools = {}
     for name, (m, k) in shapes.items():
         packed = _TERNARY_BYTES[rng.integers(0, 81, size=(m, k // 4), dtype=np.uint8)]
@@ -148,16 +177,16 @@ def random_shard(config, rank, world, device, seed=0):
         return target
 
     bf16 = _arrays.numpy_dtype(BF16)
-    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, I)}
+    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, c.intermediate)}
     layers = [ShardLayer(**{name: TernaryWeights(copy(p), copy(s)) for name, (p, s) in pools.items()},
                          attn_norm=ones[H], attn_sub_norm=ones[H], ffn_norm=ones[H],
-                         ffn_sub_norm=ones[I])
+                         ffn_sub_norm=ones[c.intermediate])
               for _ in range(c.layers)]
     table = DeviceArray.from_numpy((0.5 * rng.standard_normal((c.vocab, H), np.float32)).astype(bf16),
                                    device)
-    vs = c.vocab // world
+    v0 = sp.start(sp.vocab, rank)
     _ffi.call("device_synchronize", device)
-    return Shard(c, rank, world, layers, ones[H], table, table[rank * vs:(rank + 1) * vs])
+    return Shard(c, sp, rank, layers, ones[H], table, table[v0:v0 + sp.vocab[rank]])
 
 
 class TPSession:
@@ -166,16 +195,18 @@ class TPSession:
     the same methods in the same order."""
 
     def __init__(self, shard, group, capacity):
-        c, w = shard.config, shard.world
-        if group.world != w or group.rank != shard.rank:
-            raise InvalidArgumentError(f"the shard is rank {shard.rank} of {w}, the group rank "
+        c, sp, r = shard.config, shard.split, shard.rank
+        if group.world != sp.world or group.rank != r:
+            raise InvalidArgumentError(f"the shard is rank {r} of {sp.world}, the group rank "
                                        f"{group.rank} of {group.world}")
         self.shard, self.group, self.config, self.capacity = shard, group, c, capacity
         self.device = group.device
         self.stream = Stream(self.device) if self.device != CPU else None
         self.graph = None
         H, I, D = c.hidden, c.intermediate, c.head_dim
-        hq, hkv = c.heads // w, c.kv_heads // w
+        hq, hkv = sp.heads[r], sp.kv_heads[r]
+        self.counts = {"attn": [h * D for h in sp.heads], "gate": list(sp.intermediate),
+                       "logits": list(sp.vocab)}
         cache = (1, capacity, hkv, D)
         self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
@@ -185,9 +216,10 @@ class TPSession:
              "x_q": self.alloc((1, max(H, I)), "int8"), "x_s": self.alloc((1,), "float32"),
              "qkv": self.alloc((1, (hq + 2 * hkv) * D), BF16),
              "attn": self.alloc((1, 1, hq, D), BF16), "attn_full": self.alloc((1, H), BF16),
-             "gate_up": self.alloc((1, 2 * I // w), BF16), "gate": self.alloc((1, I // w), BF16),
+             "gate_up": self.alloc((1, 2 * sp.intermediate[r]), BF16),
+             "gate": self.alloc((1, sp.intermediate[r]), BF16),
              "gate_full": self.alloc((1, I), BF16), "y": self.alloc((1, H), BF16),
-             "logits_part": self.alloc((1, c.vocab // w), "float32"),
+             "logits_part": self.alloc((1, sp.vocab[r]), "float32"),
              "logits": self.alloc((1, c.vocab), "float32")}
         flat = b["qkv"].reshape(-1)
         b["q"] = flat[:hq * D].reshape(1, 1, hq, D)
@@ -229,7 +261,7 @@ class TPSession:
     def step(self):
         """One token through every layer: b["ids"] in, its greedy successor written over it."""
         c, s, b, g = self.config, self.shard, self.b, self.group
-        H, w, st = c.hidden, s.world, self.stream
+        H, st, counts = c.hidden, self.stream, self.counts
         kw = {"stream": st}
         embedding(s.embedding, b["ids"], out=b["h"], **kw)
         residual = None
@@ -245,30 +277,31 @@ class TPSession:
                            self.positions, theta=c.theta, **kw)
             attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
                       seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"], **kw)
-            g.all_gather(b["attn"].reshape(1, H // w), b["attn_full"], stream=st)
-            self.row_parallel(layer.o, b["attn_full"], layer.attn_sub_norm, H)
+            g.all_gather(b["attn"], b["attn_full"], counts=counts["attn"], stream=st)
+            self.row_parallel(layer.o, b["attn_full"], layer.attn_sub_norm, counts["attn"])
             rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
                              out=(x_q, x_s), **kw)
             gemv_w2a8(layer.gate_up, x_q, x_s, out_dtype=BF16, out=b["gate_up"], **kw)
             relu2_gate(b["gate_up"], out=b["gate"], **kw)
-            g.all_gather(b["gate"], b["gate_full"], stream=st)
-            self.row_parallel(layer.down, b["gate_full"], layer.ffn_sub_norm, c.intermediate)
+            g.all_gather(b["gate"], b["gate_full"], counts=counts["gate"], stream=st)
+            self.row_parallel(layer.down, b["gate_full"], layer.ffn_sub_norm, counts["gate"])
             residual = b["h"]
         add_rmsnorm(b["proj"], b["h"], s.final_norm, eps=c.eps, out=b["y"], **kw)
         gemv_bf16(s.head, b["y"], out=b["logits_part"], **kw)
-        g.all_gather(b["logits_part"], b["logits"], stream=st)
+        g.all_gather(b["logits_part"], b["logits"], counts=counts["logits"], stream=st)
         argmax(b["logits"], out=b["ids"], **kw)
         add_int32(self.positions, 1, **kw)
         add_int32(self.seq_lens, 1, **kw)
 
-    def row_parallel(self, weights, full, norm_weight, width):
-        """proj = W x for the input-column-split W: the whole row `full` normalized and quantized
-        (the same on every rank), this rank's columns' partial sums, all-reduced."""
-        b, st, w, r = self.b, self.stream, self.shard.world, self.shard.rank
-        x_q, x_s = _cols(b["x_q"], width), b["x_s"]
+    def row_parallel(self, weights, full, norm_weight, counts):
+        """proj = W x for the input-column-split W: the whole row `full` (the ranks' pieces of
+        `counts` elements) normalized and quantized the same on every rank, this rank's columns'
+        partial sums in float32, all-reduced."""
+        b, st, r = self.b, self.stream, self.shard.rank
+        x_q, x_s = _cols(b["x_q"], sum(counts)), b["x_s"]
         rmsnorm_quantize(full, norm_weight, eps=self.config.eps, out=(x_q, x_s), stream=st)
-        part = width // w
-        mine = x_q.reshape(-1)[r * part:(r + 1) * part].reshape(1, part)
+        start = Split.start(counts, r)
+        mine = x_q.reshape(-1)[start:start + counts[r]].reshape(1, counts[r])
         gemv_w2a8(weights, mine, x_s, out_dtype="float32", out=b["part"], stream=st)
         self.group.all_reduce(b["part"], b["proj"], stream=st)
 

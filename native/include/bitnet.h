@@ -311,11 +311,13 @@ bitnet_status bitnet_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_d
                                     void *const *buffers /* [world] */, int32_t world,
                                     int32_t rank, int64_t buffer_bytes, void *stream);
 
-/* One-shot all-gather, the same protocol: y[row, r * cols + j] = x_r[row, j] (dtype: float32,
- * float16 or bfloat16; rows * cols * size <= max_bytes). */
-bitnet_status bitnet_peer_allgather(int32_t device, int32_t dtype, int64_t rows, int64_t cols,
-                                    const void *x /* [rows, cols] */,
-                                    void *y /* [rows, world * cols] */,
+/* One-shot all-gather, the same protocol: y = x_0 | x_1 | ... | x_{world-1}, rank r's piece of
+ * counts[r] elements (a host array of world counts, the same on every rank; pieces may differ in
+ * length, as a split of 5 KV heads over 2 ranks does). dtype: float32, float16 or bfloat16; the
+ * largest count * size <= max_bytes. */
+bitnet_status bitnet_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
+                                    const void *x /* [counts[rank]] */,
+                                    void *y /* [sum of counts] */,
                                     void *const *buffers /* [world] */, int32_t world,
                                     int32_t rank, int64_t buffer_bytes, void *stream);
 

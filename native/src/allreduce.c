@@ -91,22 +91,32 @@ bitnet_status bitnet_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_d
                                           slot_bytes, stream));
 }
 
-bitnet_status bitnet_peer_allgather(int32_t device, int32_t dtype, int64_t rows, int64_t cols,
+bitnet_status bitnet_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
                                     const void *x, void *y, void *const *buffers, int32_t world,
                                     int32_t rank, int64_t buffer_bytes, void *stream) {
     const char *op = "bitnet_peer_allgather";
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_float_dtype(op, "dtype", dtype));
-    BN_TRY(bn_check_matrix("bitnet_peer_allgather: x", rows, cols, bn_dtype_size(dtype)));
     BN_CHECK(world >= 1 && world <= BN_PEER_MAX_RANKS, "%s: world must be in [1, %d], got %d", op,
              BN_PEER_MAX_RANKS, world);
-    BN_TRY(bn_check_matrix("bitnet_peer_allgather: y", rows, cols * world, bn_dtype_size(dtype)));
-    const int64_t x_bytes = rows * cols * bn_dtype_size(dtype);
+    BN_CHECK(counts, "%s: counts is NULL", op);
+    const int64_t size = bn_dtype_size(dtype);
+    int64_t largest = 0, total = 0;
+    for (int32_t r = 0; r < world; r++) {
+        BN_CHECK(counts[r] >= 1 && counts[r] <= ((int64_t)1 << 40),
+                 "%s: counts[%d] = %lld is not in [1, 2^40]", op, r, (long long)counts[r]);
+        largest = counts[r] > largest ? counts[r] : largest;
+        total += counts[r];
+    }
+    BN_CHECK(rank >= 0 && rank < world, "%s: rank %d is not in [0, %d)", op, rank, world);
     int64_t slot_bytes = 0;
-    BN_TRY(check_peer_call(op, device, x_bytes, x_bytes * world, 0, x, y, buffers, world, rank,
-                           buffer_bytes, &slot_bytes));
-    if (device == BITNET_DEVICE_CPU) return bn_cpu_peer_allreduce(dtype, dtype, rows * cols, x, y);
-    return BN_CUDA(bn_cuda_peer_allgather(device, dtype, rows, cols, x, y, buffers, world, rank,
+    BN_TRY(check_peer_call(op, device, counts[rank] * size, total * size, 0, x, y, buffers, world,
+                           rank, buffer_bytes, &slot_bytes));
+    BN_CHECK(largest * size <= slot_bytes,
+             "%s: the largest piece (%lld bytes) does not fit buffers made for %lld", op,
+             (long long)(largest * size), (long long)slot_bytes);
+    if (device == BITNET_DEVICE_CPU) return bn_cpu_peer_allreduce(dtype, dtype, total, x, y);
+    return BN_CUDA(bn_cuda_peer_allgather(device, dtype, counts, x, y, buffers, world, rank,
                                           slot_bytes, stream));
 }
 

@@ -200,7 +200,7 @@ bitnet_status bn_cpu_peer_allreduce(int32_t x_dtype, int32_t y_dtype, int64_t n,
 bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_dtype, int64_t n,
                                      const void *x, void *y, void *const *buffers, int32_t world,
                                      int32_t rank, int64_t slot_bytes, void *stream);
-bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, int64_t rows, int64_t cols,
+bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
                                      const void *x, void *y, void *const *buffers, int32_t world,
                                      int32_t rank, int64_t slot_bytes, void *stream);
 bitnet_status bn_cuda_ipc_get_handle(int32_t device, void *ptr, bitnet_ipc_handle *handle);

@@ -17,6 +17,7 @@ constexpr unsigned long long kTimeoutNs = 30ull * 1000 * 1000 * 1000;
 
 struct Peers {
     char *p[BN_PEER_MAX_RANKS];
+    int64_t counts[BN_PEER_MAX_RANKS];  // the all-gather's piece of each rank
 };
 
 __device__ __forceinline__ uint32_t *flag_at(char *buffer, int block, int rank) {
@@ -74,11 +75,12 @@ __device__ bool arrive_and_wait(const Peers &peers, int world, int rank, uint32_
     return aborted != 0;
 }
 
-/* kGather: y[row, r * cols + j] = x_r[row, j]; otherwise y[i] = sum_r x_r[i]. */
+/* kGather: y = the ranks' pieces (peers.counts[r] elements each) end to end, n the largest piece,
+ * this rank's x of peers.counts[rank]; otherwise y[i] = sum_r x_r[i], x of n elements. */
 template <typename TX, typename TY, bool kGather>
 __global__ void __launch_bounds__(kThreads)
     peer_kernel(Peers peers, int world, int rank, const TX *__restrict__ x, TY *y, int64_t n,
-                int64_t cols, int64_t slot_bytes) {
+                int64_t slot_bytes) {
     constexpr int kPer = 16 / sizeof(TX);  // elements per 16-byte chunk
     char *own = peers.p[rank];
     uint32_t *epochs = reinterpret_cast<uint32_t *>(own + BN_PEER_EPOCHS_OFFSET);
@@ -89,14 +91,15 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t per_block = (chunks + gridDim.x - 1) / gridDim.x;
     const int64_t begin = blockIdx.x * per_block;
     const int64_t end = min(chunks, begin + per_block);
+    const int64_t own_n = kGather ? peers.counts[rank] : n;
 
     TX *own_slot = reinterpret_cast<TX *>(own + slot);
     for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
         const int64_t i0 = c * kPer;
-        if (i0 + kPer <= n) {
+        if (i0 + kPer <= own_n) {
             *reinterpret_cast<uint4 *>(own_slot + i0) = *reinterpret_cast<const uint4 *>(x + i0);
         } else {
-            for (int64_t i = i0; i < n; i++) own_slot[i] = x[i];
+            for (int64_t i = i0; i < own_n; i++) own_slot[i] = x[i];
         }
     }
     const bool aborted = arrive_and_wait(peers, world, rank, epoch);
@@ -106,17 +109,20 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
         const int64_t i0 = c * kPer;
-        const int valid = (int)min((int64_t)kPer, n - i0);
         if constexpr (kGather) {
+            int64_t offset = 0;
             for (int r = 0; r < world; r++) {
-                uint4 v = __ldcv(reinterpret_cast<const uint4 *>(peers.p[r] + slot) + c);
-                const TX *e = reinterpret_cast<const TX *>(&v);
-                for (int k = 0; k < valid; k++) {
-                    const int64_t i = i0 + k, row = i / cols, j = i - row * cols;
-                    y[(row * world + r) * cols + j] = e[k];
+                const int64_t count = peers.counts[r];
+                if (i0 < count) {
+                    uint4 v = __ldcv(reinterpret_cast<const uint4 *>(peers.p[r] + slot) + c);
+                    const TX *e = reinterpret_cast<const TX *>(&v);
+                    const int valid = (int)min((int64_t)kPer, count - i0);
+                    for (int k = 0; k < valid; k++) y[offset + i0 + k] = e[k];
                 }
+                offset += count;
             }
         } else {
+            const int valid = (int)min((int64_t)kPer, n - i0);
             float acc[kPer];
             for (int k = 0; k < kPer; k++) acc[k] = 0.0f;
             for (int r = 0; r < world; r++) {
@@ -129,27 +135,30 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-Peers peers_of(void *const *buffers, int32_t world) {
+Peers peers_of(void *const *buffers, const int64_t *counts, int32_t world) {
     Peers peers = {};
-    for (int32_t r = 0; r < world; r++) peers.p[r] = static_cast<char *>(buffers[r]);
+    for (int32_t r = 0; r < world; r++) {
+        peers.p[r] = static_cast<char *>(buffers[r]);
+        peers.counts[r] = counts ? counts[r] : 0;
+    }
     return peers;
 }
 
 template <typename TX, typename TY, bool kGather>
 cudaError_t launch(const Peers &peers, int world, int rank, const void *x, void *y, int64_t n,
-                   int64_t cols, int64_t slot_bytes, cudaStream_t stream) {
+                   int64_t slot_bytes, cudaStream_t stream) {
     return bn_launch_pdl(peer_kernel<TX, TY, kGather>, dim3(BN_PEER_BLOCKS), dim3(kThreads), 0,
                          stream, peers, world, rank, static_cast<const TX *>(x),
-                         static_cast<TY *>(y), n, cols, slot_bytes);
+                         static_cast<TY *>(y), n, slot_bytes);
 }
 
 template <typename TX>
 cudaError_t launch_reduce(int32_t y_dtype, const Peers &peers, int world, int rank, const void *x,
                           void *y, int64_t n, int64_t slot_bytes, cudaStream_t stream) {
     switch (y_dtype) {
-    case BITNET_DTYPE_F32: return launch<TX, float, false>(peers, world, rank, x, y, n, 1, slot_bytes, stream);
-    case BITNET_DTYPE_F16: return launch<TX, __half, false>(peers, world, rank, x, y, n, 1, slot_bytes, stream);
-    default: return launch<TX, __nv_bfloat16, false>(peers, world, rank, x, y, n, 1, slot_bytes, stream);
+    case BITNET_DTYPE_F32: return launch<TX, float, false>(peers, world, rank, x, y, n, slot_bytes, stream);
+    case BITNET_DTYPE_F16: return launch<TX, __half, false>(peers, world, rank, x, y, n, slot_bytes, stream);
+    default: return launch<TX, __nv_bfloat16, false>(peers, world, rank, x, y, n, slot_bytes, stream);
     }
 }
 
@@ -160,7 +169,7 @@ bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_
                                      int32_t rank, int64_t slot_bytes, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    const Peers peers = peers_of(buffers, world);
+    const Peers peers = peers_of(buffers, NULL, world);
     cudaStream_t s = bn_stream(stream);
     switch (x_dtype) {
     case BITNET_DTYPE_F32: BN_CUDA_TRY((launch_reduce<float>(y_dtype, peers, world, rank, x, y, n, slot_bytes, s))); break;
@@ -170,18 +179,19 @@ bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_
     return BITNET_OK;
 }
 
-bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, int64_t rows, int64_t cols,
+bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
                                      const void *x, void *y, void *const *buffers, int32_t world,
                                      int32_t rank, int64_t slot_bytes, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    const Peers peers = peers_of(buffers, world);
+    const Peers peers = peers_of(buffers, counts, world);
     cudaStream_t s = bn_stream(stream);
-    const int64_t n = rows * cols;
+    int64_t n = 0;
+    for (int32_t r = 0; r < world; r++) n = counts[r] > n ? counts[r] : n;
     switch (dtype) {
-    case BITNET_DTYPE_F32: BN_CUDA_TRY((launch<float, float, true>(peers, world, rank, x, y, n, cols, slot_bytes, s))); break;
-    case BITNET_DTYPE_F16: BN_CUDA_TRY((launch<__half, __half, true>(peers, world, rank, x, y, n, cols, slot_bytes, s))); break;
-    default: BN_CUDA_TRY((launch<__nv_bfloat16, __nv_bfloat16, true>(peers, world, rank, x, y, n, cols, slot_bytes, s))); break;
+    case BITNET_DTYPE_F32: BN_CUDA_TRY((launch<float, float, true>(peers, world, rank, x, y, n, slot_bytes, s))); break;
+    case BITNET_DTYPE_F16: BN_CUDA_TRY((launch<__half, __half, true>(peers, world, rank, x, y, n, slot_bytes, s))); break;
+    default: BN_CUDA_TRY((launch<__nv_bfloat16, __nv_bfloat16, true>(peers, world, rank, x, y, n, slot_bytes, s))); break;
     }
     return BITNET_OK;
 }
