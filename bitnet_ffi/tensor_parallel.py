@@ -12,7 +12,8 @@ the CPU for tests), in the Megatron layout:
 So the ranks agree bit for bit, and differ from one GPU only where the o / down sums round
 differently (float32 partials added in rank order).
 
-Per layer a decode step makes 4 collectives (2 gathers, 2 all-reduces), plus one for the head.
+Per layer a decode step makes 4 collectives (2 gathers, 2 all-reduces), plus one for the head;
+on one rank none, and the step is the unsplit model's (model.Session's ops, in its order).
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
 1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``: 5 KV heads over 2 ranks
 are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host), ``random_shard``
@@ -30,11 +31,12 @@ from .cuda_graph import Graph, Stream
 from .errors import InvalidArgumentError, UnsupportedError
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import relu2_gate, rope_append_kv
-from .norm import add_rmsnorm, rmsnorm_quantize
+from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
 from .ternary import TernaryWeights, gemv_w2a8
 
 BF16 = "bfloat16"
 GEMV_K_MULTIPLE = 128
+TABLE_BLOCK_ROWS = 4096  # random_shard's embedding: this many random rows, repeated
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,9 @@ _TERNARY_BYTES = np.array([a | b << 2 | c << 4 | d << 6
 def random_shard(config, rank, world, device, seed=0):
     """A rank's shard of random weights, made in packed form: one random matrix per distinct
     shape, generated on the host and uploaded once, then copied on the device into every layer's
-    own memory (so a step still reads every layer's bytes). Scales 1 / sqrt(K); norms 1."""
+    own memory (so a step still reads every layer's bytes). Scales 1 / sqrt(K); norms 1; the
+    embedding table is TABLE_BLOCK_ROWS random rows repeated (generating 128256 x 8192 floats on
+    the host would take longer than the run)."""
     c = config
     sp = split(c, world)
     H, D = c.hidden, c.head_dim
@@ -182,8 +186,15 @@ def random_shard(config, rank, world, device, seed=0):
                          attn_norm=ones[H], attn_sub_norm=ones[H], ffn_norm=ones[H],
                          ffn_sub_norm=ones[c.intermediate])
               for _ in range(c.layers)]
-    table = DeviceArray.from_numpy((0.5 * rng.standard_normal((c.vocab, H), np.float32)).astype(bf16),
-                                   device)
+    table = DeviceArray((c.vocab, H), BF16, device)
+    block = DeviceArray.from_numpy(
+        (0.5 * rng.standard_normal((min(c.vocab, TABLE_BLOCK_ROWS), H), np.float32)).astype(bf16),
+        device)
+    for start in range(0, c.vocab, block.shape[0]):  # the table: one random block, repeated
+        rows = min(block.shape[0], c.vocab - start)
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", table[start:start + rows].ptr),
+                  _ffi.ffi.cast("void *", block.ptr), rows * H * 2,
+                  _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE, _ffi.ffi.NULL)
     v0 = sp.start(sp.vocab, rank)
     _ffi.call("device_synchronize", device)
     return Shard(c, sp, rank, layers, ones[H], table, table[v0:v0 + sp.vocab[rank]])
@@ -203,6 +214,7 @@ class TPSession:
         self.device = group.device
         self.stream = Stream(self.device) if self.device != CPU else None
         self.graph = None
+        self.solo = sp.world == 1  # no collectives: the unsplit model's step
         H, I, D = c.hidden, c.intermediate, c.head_dim
         hq, hkv = sp.heads[r], sp.kv_heads[r]
         self.counts = {"attn": [h * D for h in sp.heads], "gate": list(sp.intermediate),
@@ -221,6 +233,8 @@ class TPSession:
              "gate_full": self.alloc((1, I), BF16), "y": self.alloc((1, H), BF16),
              "logits_part": self.alloc((1, sp.vocab[r]), "float32"),
              "logits": self.alloc((1, c.vocab), "float32")}
+        if self.solo:  # the head's output is the whole row
+            b["logits_part"] = b["logits"]
         flat = b["qkv"].reshape(-1)
         b["q"] = flat[:hq * D].reshape(1, 1, hq, D)
         b["k"] = flat[hq * D:(hq + hkv) * D].reshape(1, 1, hkv, D)
@@ -277,29 +291,44 @@ class TPSession:
                            self.positions, theta=c.theta, **kw)
             attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
                       seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"], **kw)
-            g.all_gather(b["attn"], b["attn_full"], counts=counts["attn"], stream=st)
-            self.row_parallel(layer.o, b["attn_full"], layer.attn_sub_norm, counts["attn"])
+            attn = self.gather(b["attn"], b["attn_full"], "attn")
+            self.row_parallel(layer.o, attn, layer.attn_sub_norm, counts["attn"])
             rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
                              out=(x_q, x_s), **kw)
             gemv_w2a8(layer.gate_up, x_q, x_s, out_dtype=BF16, out=b["gate_up"], **kw)
-            relu2_gate(b["gate_up"], out=b["gate"], **kw)
-            g.all_gather(b["gate"], b["gate_full"], counts=counts["gate"], stream=st)
-            self.row_parallel(layer.down, b["gate_full"], layer.ffn_sub_norm, counts["gate"])
+            if self.solo:  # one rank: the gate fused into the sub-norm, as model.Session runs it
+                g_q = _cols(b["x_q"], c.intermediate)
+                relu2_rmsnorm_quantize(b["gate_up"], layer.ffn_sub_norm, eps=c.eps,
+                                       out=(g_q, x_s), **kw)
+                gemv_w2a8(layer.down, g_q, x_s, out_dtype=BF16, out=b["proj"], **kw)
+            else:
+                relu2_gate(b["gate_up"], out=b["gate"], **kw)
+                self.row_parallel(layer.down, self.gather(b["gate"], b["gate_full"], "gate"),
+                                  layer.ffn_sub_norm, counts["gate"])
             residual = b["h"]
         add_rmsnorm(b["proj"], b["h"], s.final_norm, eps=c.eps, out=b["y"], **kw)
         gemv_bf16(s.head, b["y"], out=b["logits_part"], **kw)
-        g.all_gather(b["logits_part"], b["logits"], counts=counts["logits"], stream=st)
-        argmax(b["logits"], out=b["ids"], **kw)
+        argmax(self.gather(b["logits_part"], b["logits"], "logits"), out=b["ids"], **kw)
         add_int32(self.positions, 1, **kw)
         add_int32(self.seq_lens, 1, **kw)
+
+    def gather(self, piece, full, kind):
+        """The whole row from the ranks' pieces (`piece` itself on one rank)."""
+        if self.solo:
+            return piece.reshape(1, -1)
+        self.group.all_gather(piece, full, counts=self.counts[kind], stream=self.stream)
+        return full
 
     def row_parallel(self, weights, full, norm_weight, counts):
         """proj = W x for the input-column-split W: the whole row `full` (the ranks' pieces of
         `counts` elements) normalized and quantized the same on every rank, this rank's columns'
-        partial sums in float32, all-reduced."""
+        partial sums in float32, all-reduced (on one rank: the GEMV's bfloat16 output itself)."""
         b, st, r = self.b, self.stream, self.shard.rank
         x_q, x_s = _cols(b["x_q"], sum(counts)), b["x_s"]
         rmsnorm_quantize(full, norm_weight, eps=self.config.eps, out=(x_q, x_s), stream=st)
+        if self.solo:
+            gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b["proj"], stream=st)
+            return
         start = Split.start(counts, r)
         mine = x_q.reshape(-1)[start:start + counts[r]].reshape(1, counts[r])
         gemv_w2a8(weights, mine, x_s, out_dtype="float32", out=b["part"], stream=st)
