@@ -112,10 +112,13 @@ class Group:
             from . import nccl
             uid = ctx.broadcast(nccl.unique_id() if self.rank == 0 else None)
             self.nccl = nccl.Communicator(uid, self.world, self.rank, self.device)
-            ctx.on_abort(self.nccl.abort)
         exchange = self.nccl.all_gather_bytes if self.nccl else (lambda data: [data])
         self.peer = PeerBuffers(self.device, self.rank, self.world, exchange, max_bytes)
+        # The peer calls first: ncclCommAbort frees memory, which waits for the device, and so
+        # for any peer kernel still waiting.
         ctx.on_abort(self.peer.abort)
+        if self.nccl is not None:
+            ctx.on_abort(self.nccl.abort)
 
     def all_reduce(self, x, out, stream=None):
         if self.method == "nccl" and self.nccl is not None:

@@ -16,6 +16,7 @@ from multiprocessing.connection import wait
 from .errors import RankFailedError
 
 GRACE_S = 20.0
+BLAME_WAIT_S = 2.0  # how long a failing rank waits to hear whether another rank failed first
 
 
 class RankContext:
@@ -80,8 +81,16 @@ def _rank_main(target, rank, world, device, conn, args):
     try:
         result = target(ctx, *args)
     except BaseException as exc:  # noqa: BLE001 - reported to the launcher, then exit non-zero
-        failed = exc.failed_rank if isinstance(exc, RankFailedError) else rank
-        conn.send(("error", (failed, f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, RankFailedError):
+            failed = exc.failed_rank
+        elif world > 1 and ctx.aborted.wait(BLAME_WAIT_S):
+            # a peer's failure seen first as an error here (a collective cut short, say)
+            failed = ctx.failed_rank
+            message = f"RankFailedError: rank {rank} stopped: {ctx.abort_message} (here: {message})"
+        else:
+            failed = rank
+        conn.send(("error", (failed, message, traceback.format_exc())))
         conn.close()
         os._exit(1)  # no atexit handlers: CUDA/NCCL teardown after a failure may block
     conn.send(("done", result))

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import cffi
+import numpy as np
 
 from . import _arrays, _ffi
 from ._arrays import CPU
@@ -47,8 +48,11 @@ _lock = threading.Lock()
 
 
 def disable_nvls():
-    """NVLink multicast stays off on these machines: forced, whatever the environment says."""
+    """NVLink multicast stays off on these machines: forced, whatever the environment says. And
+    unless told otherwise, NCCL connects every transport at init rather than at the first
+    collective that needs it, which may be inside a CUDA graph capture."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
 
 
 def library_candidates():
@@ -203,7 +207,5 @@ class Communicator:
 
 
 def _ptr(array):
-    return _ffi.ffi.cast("uintptr_t", array.cptr())
-
-
-import numpy as np  # noqa: E402  (after the binding, which needs nothing of numpy)
+    """The array's address as an int (cdata of libbitnet's FFI do not cross into this one)."""
+    return int(_ffi.ffi.cast("uintptr_t", array.cptr()))

@@ -219,6 +219,8 @@ def _collectives_rank(ctx, method, seed, replays):
                           DeviceArray((n,), yd, ctx.device)))
         cases.append(("gather", n, "bfloat16", "bfloat16", DeviceArray((1, n), "bfloat16", ctx.device),
                       DeviceArray((1, ctx.world * n), "bfloat16", ctx.device)))
+    for kind, n, xd, yd, x, y in cases:  # warm-up, outside the graph
+        (group.all_reduce if kind == "reduce" else group.all_gather)(x, y, stream=stream)
     with Graph.capture(stream) as graph:
         for kind, n, xd, yd, x, y in cases:
             if kind == "reduce":
