@@ -5,9 +5,11 @@ rank is told which one (its RankContext aborts its communicators, so that no col
 the dead rank, and ``check()`` raises RankFailedError naming it); the parent raises the same, with
 each rank's message. A run past its timeout is aborted the same way. Nothing hangs: ranks still
 alive a grace period after an abort are killed."""
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -77,6 +79,7 @@ class RankContext:
 
 def _rank_main(target, rank, world, device, conn, args):
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    faulthandler.register(signal.SIGUSR1)  # the launcher asks for the stacks of a hung rank
     ctx = RankContext(rank, world, device, conn)
     try:
         result = target(ctx, *args)
@@ -166,9 +169,14 @@ def run_ranks(target, world, args=(), timeout=600.0, devices=None):
                     abort_all(failed, first_failure[1])
                     deadline = min(deadline, time.monotonic() + GRACE_S)
     finally:
+        hung = [procs[r] for r in open_ranks if procs[r].is_alive()]
+        for proc in hung:  # where each hung rank is stuck, on its stderr
+            os.kill(proc.pid, signal.SIGUSR1)
+        if hung:
+            time.sleep(1.0)
+        for proc in hung:
+            proc.kill()
         for proc in procs:
-            if proc.is_alive():
-                proc.kill()
             proc.join(5)
     if first_failure is None:
         return [results[r] for r in range(world)]

@@ -21,17 +21,21 @@ SIZES_KB = (5, 8, 16, 32, 64, 128)
 CALLS, REPLAYS = 50, 10
 
 
-def _rank(ctx):
+ROWS = (("peer bf16", "peer", "bfloat16", "bfloat16", False),
+        ("peer f32->bf16", "peer", "float32", "bfloat16", False),
+        ("peer all-gather bf16", "peer", "bfloat16", "bfloat16", True),
+        ("nccl bf16", "nccl", "bfloat16", "bfloat16", False),
+        ("nccl all-gather bf16", "nccl", "bfloat16", "bfloat16", True))
+
+
+def _rank(ctx, methods):
     from bitnet_ffi import DeviceArray, Graph, Stream, comm
     group = comm.Group(ctx)
     stream = Stream(ctx.device)
     rows = {}
-    for label, method, x_dtype, y_dtype, gather in (
-            ("peer bf16", "peer", "bfloat16", "bfloat16", False),
-            ("peer f32->bf16", "peer", "float32", "bfloat16", False),
-            ("nccl bf16", "nccl", "bfloat16", "bfloat16", False),
-            ("peer all-gather bf16", "peer", "bfloat16", "bfloat16", True),
-            ("nccl all-gather bf16", "nccl", "bfloat16", "bfloat16", True)):
+    for label, method, x_dtype, y_dtype, gather in ROWS:
+        if method not in methods:
+            continue
         group.method = method
         rows[label] = {}
         for kb in SIZES_KB:
@@ -49,7 +53,11 @@ def _rank(ctx):
                     op(x, y, stream=stream)
             rows[label][kb] = 1e3 * graph.time_ms(REPLAYS) / CALLS
             stream.synchronize()
+            del graph  # destroyed now, not during the next capture (which that would invalidate)
             ctx.check()
+        if ctx.rank == 0:  # as it goes, in case a later row does not finish
+            print(f"rank 0, {label}: " + ", ".join(f"{kb} KB {us:.2f} us"
+                                                   for kb, us in rows[label].items()), flush=True)
     group.close()
     return rows
 
@@ -62,6 +70,7 @@ def _ffi_zero(array):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, help="ranks (default: every GPU)")
+    parser.add_argument("--methods", nargs="+", default=["peer", "nccl"], choices=["peer", "nccl"])
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     from bitnet_ffi import _ffi, nccl
@@ -69,7 +78,7 @@ def main():
     count = _ffi.ffi.new("int32_t *")
     _ffi.call("device_count", count, _ffi.ffi.NULL)
     world = args.gpus or count[0]
-    ranks = run_ranks(_rank, world, timeout=600)
+    ranks = run_ranks(_rank, world, args=(args.methods,), timeout=600)
     table = {label: {kb: max(r[label][kb] for r in ranks) for kb in SIZES_KB} for label in ranks[0]}
     result = {"tool": "bench_allreduce", "gpus": world, "nccl_version": nccl.version(),
               "calls_per_graph": CALLS, "us": table}
