@@ -263,7 +263,7 @@ def _collectives_rank(ctx, method, seed, replays):
 @pytest.mark.parametrize("method", ["peer", "nccl"])
 def test_collectives_in_a_replayed_graph_match_host_sums(method):
     world = min(_gpus(), 4)
-    results = launcher.run_ranks(_collectives_rank, world, args=(method, 11, 4), timeout=300)
+    results = launcher.run_ranks(_collectives_rank, world, args=(method, 11, 4), timeout=90)
     problems = [p for r in results for p in r]
     assert not problems, problems[:10]
 
