@@ -76,6 +76,27 @@ def test_cpu_peer_calls_refuse_bad_input(rng):
     assert (y == 7.0).all()
 
 
+@pytest.mark.cpu
+@pytest.mark.parametrize("n", [1, 9, 1001])
+def test_cpu_single_rank_allgather_copies(n, rng):
+    x = rng.standard_normal(n).astype(BF16)
+    y = np.full(n, np.nan, BF16)
+    nbytes = ffi.new("int64_t *")
+    _ffi.call("peer_buffer_size", x.nbytes, nbytes)
+    buffer = np.zeros(nbytes[0] + 256, np.uint8)
+    table = ffi.new("void *[]", [ffi.cast("void *", buffer.ctypes.data + (-buffer.ctypes.data) % 256)])
+    _ffi.call("peer_allgather", CPU, 2, ffi.new("int64_t[]", [n]), ffi.from_buffer(x),
+              ffi.from_buffer(y), table, 1, 0, nbytes[0], ffi.NULL)
+    np.testing.assert_array_equal(y.view(np.uint16), x.view(np.uint16))
+
+
+@pytest.mark.cpu
+def test_tp_command_refuses_bad_arguments(capsys):
+    from bitnet_ffi import cli
+    assert cli.main(["tp", "--tp", "0"]) == 2
+    assert "--tp must be at least 1" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- tier 1: the launcher
 
 
