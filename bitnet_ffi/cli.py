@@ -1,5 +1,5 @@
 """bitnet-ffi (or python -m bitnet_ffi) COMMAND: info (devices and selection), demo (the main
-job: a BitNet b1.58 2B4T decode through the library)."""
+job: a BitNet b1.58 2B4T decode through the library), tp (tensor-parallel decode over several GPUs)."""
 import argparse
 import json
 import os
@@ -69,6 +69,11 @@ def main(argv=None):
                                                    "2B4T-shaped model, with timings")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(run=demo.main)
+    from . import tp_demo
+    tp_parser = commands.add_parser("tp", help="tensor-parallel decode over --tp GPUs, one "
+                                               "process each")
+    tp_demo.add_arguments(tp_parser)
+    tp_parser.set_defaults(run=tp_demo.main)
     args = parser.parse_args(argv)
     try:
         status = args.run(args)

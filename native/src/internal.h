@@ -201,6 +201,34 @@ int64_t bn_attention_num_splits(int32_t sm_count, int64_t B, int64_t Sq, int64_t
 /* Bytes of workspace for `num_splits` partials of B * Sq * Hq rows. */
 int64_t bn_attention_workspace_bytes(int64_t num_splits, int64_t B, int64_t Sq, int64_t Hq, int64_t D);
 
+/* ---- One-shot collectives over peer memory (allreduce.c) ---- */
+
+/* A rank's peer buffer: flags uint32 [BN_PEER_BLOCKS][BN_PEER_MAX_RANKS] (flags[b][r]: the last
+ * epoch at which rank r's block b had its data in place), this rank's epoch counters uint32
+ * [BN_PEER_BLOCKS], the abort word, then two data slots (one per epoch parity) from
+ * BN_PEER_HEADER_BYTES on. */
+#define BN_PEER_MAX_RANKS 8
+#define BN_PEER_BLOCKS 16
+#define BN_PEER_FLAGS_OFFSET 0
+#define BN_PEER_EPOCHS_OFFSET 1024
+#define BN_PEER_ABORT_OFFSET 1152
+#define BN_PEER_HEADER_BYTES 4096
+#define BN_PEER_SLOT_ALIGN 256
+
+bitnet_status bn_cpu_peer_allreduce(int32_t x_dtype, int32_t y_dtype, int64_t n, const void *x,
+                                    void *y);
+bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_dtype, int64_t n,
+                                     const void *x, void *y, void *const *buffers, int32_t world,
+                                     int32_t rank, int64_t slot_bytes, void *stream);
+bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
+                                     const void *x, void *y, void *const *buffers, int32_t world,
+                                     int32_t rank, int64_t slot_bytes, void *stream);
+bitnet_status bn_cuda_ipc_get_handle(int32_t device, void *ptr, bitnet_ipc_handle *handle);
+bitnet_status bn_cuda_ipc_open_handle(int32_t device, const bitnet_ipc_handle *handle, void **ptr);
+bitnet_status bn_cuda_ipc_close_handle(int32_t device, void *ptr);
+bitnet_status bn_cuda_peer_abort(int32_t device, void *buffer);
+bitnet_status bn_cuda_set_current_device(int32_t device);
+
 /* Elements [offset, offset + n) of a float32 / float16 / bfloat16 array as float32, and back
  * (round to nearest even): rows for the CPU ops (cpu/convert.c). */
 void bn_load_floats(int32_t dtype, const void *src, int64_t offset, int64_t n, float *dst);
