@@ -161,6 +161,13 @@ def valid_call(entry, mem, rng):
                                 y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
                                 y_scales=put(poison((2,), "float32")), stream=NULL),
                     ("y", "y_q", "y_scales"))
+    if entry == "glu_rmsnorm":  # weight NULL (no norm) is valid: GLU_NORM_MUTATIONS give one
+        return Call(entry, dict(device=d, dtype=0, T=2, F=8, activation=1,
+                                gate_up=put(values(rng, (2, 16), "float32")),
+                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
+                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
+                                y_scales=put(poison((2,), "float32")), stream=NULL),
+                    ("y", "y_q", "y_scales"))
     if entry == "attention":
         q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
         return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
@@ -183,6 +190,10 @@ def valid_call(entry, mem, rng):
     if entry == "relu2_gate":
         return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
                                 out=put(poison((3, 5), fd)), stream=NULL), ("out",))
+    if entry == "glu_gate":
+        return Call(entry, dict(device=d, dtype=code, T=3, F=5, activation=1,
+                                gate_up=put(values(rng, (3, 10), fd)), out=put(poison((3, 5), fd)),
+                                stream=NULL), ("out",))
     if entry == "gemv_bf16":
         return Call(entry, dict(device=d, w=put(values(rng, (3, 16), "bfloat16")), M=3, K=16,
                                 x=put(values(rng, (2, 16), "float32")), x_dtype=0, N=2,
@@ -202,7 +213,7 @@ def valid_call(entry, mem, rng):
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
-              "gemv_bf16", "argmax", "embedding", "add_int32")
+              "glu_gate", "glu_rmsnorm", "gemv_bf16", "argmax", "embedding", "add_int32")
 
 
 # ---------------------------------------------------------------- the mutation table
@@ -382,6 +393,32 @@ MUTATIONS = {
         Mutation("T", BIG, INVALID, "overflows"),
     ] + pointers("gate_up", "out", aligned=("gate_up", "out"))
       + overlaps(("out", "gate_up", ("gate_up", "out"))),
+    "glu_gate": bad_devices() + non_positive("must be positive", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("activation", -1, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("F", 1 << 40, INVALID, "overflows"),
+        Mutation("T", BIG, INVALID, "overflows"),
+    ] + pointers("gate_up", "out", aligned=("gate_up", "out"))
+      + overlaps(("out", "gate_up", ("gate_up", "out"))),
+    "glu_rmsnorm": bad_devices() + non_positive("must be >= 1", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("activation", 99, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("F", 1 << 62, INVALID, "T*2F overflows"),
+        Mutation("T", 1 << 58, INVALID, "overflow a 64-bit byte count"),
+        Mutation("eps", math.nan, INVALID, "eps must be finite"),
+        Mutation("eps", -1e-6, INVALID, "eps must be finite and >= 0"),
+        Mutation("y_q", NULL, INVALID, "both NULL", also={"y": NULL, "y_scales": NULL}),
+        Mutation("y_q", NULL, INVALID, "both NULL", also={"y": NULL, "y_scales": NULL, "weight": NULL}),
+        Mutation("y_scales", NULL, INVALID, "go together"),
+        Mutation("y_scales", NULL, INVALID, "go together", also={"weight": NULL}),
+        Mutation("y", "ALIAS:gate_up", INVALID, "gate_up and y overlap"),
+        Mutation("y_q", "ALIAS:gate_up", INVALID, "gate_up and y_q overlap", also={"weight": NULL}),
+        Mutation("y", "ALIAS:weight", INVALID, "weight and y overlap"),
+    ] + nulls("gate_up") + misaligned("gate_up", "weight", "y", "y_scales")
+      + host_pointers("gate_up", "weight", "y", "y_q", "y_scales"),
     "gemv_bf16": bad_devices() + non_positive("size must be positive", "M", "N", "K") + [
         Mutation("x_dtype", 1, INVALID, "x dtype must be float32 or bfloat16"),
         Mutation("x_dtype", 9, INVALID, "x dtype must be float32 or bfloat16"),
@@ -887,6 +924,19 @@ def python_cases(rng):
          "not a CUDA device index", []),
         ("not an array", lambda: bn.argmax([1.0, 2.0]), InvalidArgumentError,
          "expected a numpy array", []),
+        ("glu_gate activation", lambda: bn.glu_gate(gate, "gelu", out=gate_out),
+         InvalidArgumentError, "activation must be 'relu2' or 'silu'", [gate_out]),
+        ("glu_gate out shape", lambda: bn.glu_gate(gate, "silu", out=nan_like((3, 10))),
+         InvalidArgumentError, "out: expected shape", []),
+        ("glu_rmsnorm activation", lambda: bn.glu_rmsnorm_quantize(gate, w[:5], "tanh", out=gq),
+         InvalidArgumentError, "activation must be 'relu2' or 'silu'", list(gq)),
+        ("glu_rmsnorm weight shape", lambda: bn.glu_rmsnorm_quantize(gate, w[:4], "silu", out=gq),
+         InvalidArgumentError, "weight: expected shape", list(gq)),
+        ("glu_rmsnorm no weight, y_out shape",
+         lambda: bn.glu_rmsnorm_quantize(gate, None, "silu", out=gq, y_out=nan_like((3, 4))),
+         InvalidArgumentError, "y_out: expected shape", list(gq)),
+        ("relu2_rmsnorm weight None", lambda: bn.relu2_rmsnorm_quantize(gate, None, out=gq),
+         InvalidArgumentError, "weight: expected an array", list(gq)),
     ]
 
 

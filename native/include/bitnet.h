@@ -169,13 +169,28 @@ bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H
                              void *y /* [T, H] or NULL */, int8_t *y_q /* [T, H] or NULL */,
                              float *y_scales /* [T], with y_q */, void *stream);
 
-/* The squared-ReLU gate fused into the RMSNorm after it (docs/rmsnorm.md), reading gate_up once:
- * for each row t, v[f] = max(gate_up[t, f], 0)^2 * gate_up[t, F + f] in float32, rounded to dtype
- * exactly as bitnet_relu2_gate stores it, then bitnet_rmsnorm without residual on v: y and/or
- * y_q with y_scales, bit-identical to bitnet_relu2_gate followed by bitnet_rmsnorm on one device.
- * dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too). eps:
- * finite, >= 0. Give y, y_q (with y_scales) or both; no arrays may overlap. Programmatic dependent
- * launch on a GPU, as bitnet_rmsnorm. */
+/* The activation of a gated linear unit's gate: out = act(gate) * up. */
+typedef enum {
+    BITNET_ACTIVATION_RELU2 = 0, /* max(g, 0)^2 (BitNet b1.58 2B4T) */
+    BITNET_ACTIVATION_SILU = 1   /* g / (1 + e^-g) (Llama-architecture models: SwiGLU) */
+} bitnet_activation;
+
+/* The gate of a GLU fused into the RMSNorm after it (docs/rmsnorm.md), reading gate_up once: for
+ * each row t, v[f] = act(gate_up[t, f]) * gate_up[t, F + f] in float32 (activation: a
+ * bitnet_activation), rounded to dtype exactly as bitnet_glu_gate stores it, then bitnet_rmsnorm
+ * without residual on v: y and/or y_q with y_scales, bit-identical to bitnet_glu_gate followed by
+ * bitnet_rmsnorm on one device. weight NULL: no norm, y = v and y_q, y_scales = quantize_a8's rule
+ * on v (bit-identical to bitnet_glu_gate then bitnet_quantize_a8 on one device; eps unused but
+ * checked). dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too).
+ * eps: finite, >= 0. Give y, y_q (with y_scales) or both; no arrays may overlap. Programmatic
+ * dependent launch on a GPU, as bitnet_rmsnorm. */
+bitnet_status bitnet_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                 int32_t activation, const void *gate_up /* [T, 2F] */,
+                                 const void *weight /* [F] or NULL */, float eps,
+                                 void *y /* [T, F] or NULL */, int8_t *y_q /* [T, F] or NULL */,
+                                 float *y_scales /* [T], with y_q */, void *stream);
+
+/* bitnet_glu_rmsnorm with BITNET_ACTIVATION_RELU2 and a weight (not NULL here). */
 bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                    const void *gate_up /* [T, 2F] */,
                                    const void *weight /* [F] */, float eps,
@@ -190,7 +205,8 @@ bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int
  * NULL). The Sq queries are the last Sq positions of their sequence: with causal = 1, query i sees
  * keys 0 .. L - Sq + i (FlashAttention's kv-cache convention; Sq = L = C is causal prefill). A key
  * that a query does not see never reaches its output, even where k or v hold inf or NaN there.
- * dtype: float16 or bfloat16 (float32 too on the CPU), the same for q, k, v and out. D: 64 or 128.
+ * dtype: float16 or bfloat16 (float32 too on the CPU), the same for q, k, v and out. D: 64, 128
+ * or 256.
  * scale: 0 means 1 / sqrt(D). seq_lens: int32 in the op's memory; each must lie in [Sq, C] (causal)
  * or [1, C]. On the CPU they are checked; on a GPU they are not read by the host: a sequence whose
  * device-resident length is out of range gets NaN outputs and no memory outside the arrays is read.
@@ -225,8 +241,15 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
                                     void *v_cache /* [B, C, Hkv, D] */, int64_t C,
                                     const int32_t *positions /* [B] */, float theta, void *stream);
 
-/* Squared-ReLU gate of the fused gate|up projection: out[t, f] = max(gate_up[t, f], 0)^2 *
- * gate_up[t, F + f], computed in float32. */
+/* Gate of a GLU on the fused gate|up projection: out[t, f] = act(gate_up[t, f]) * gate_up[t, F + f],
+ * computed in float32; act (a bitnet_activation): relu2 max(g, 0)^2, or silu g / (1 + e^-g) with
+ * expf (CPU and GPU may differ by an ulp of float32 before rounding to dtype). */
+bitnet_status bitnet_glu_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                              int32_t activation, const void *gate_up /* [T, 2F] */,
+                              void *out /* [T, F] */, void *stream);
+
+/* bitnet_glu_gate with BITNET_ACTIVATION_RELU2: out[t, f] = max(gate_up[t, f], 0)^2 *
+ * gate_up[t, F + f]. */
 bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                 const void *gate_up /* [T, 2F] */, void *out /* [T, F] */,
                                 void *stream);

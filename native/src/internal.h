@@ -158,13 +158,16 @@ bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x,
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y,
                               int8_t *y_q, float *y_scales, void *stream);
-/* bitnet_relu2_rmsnorm: the same norm of v = relu2_gate(gate_up) [T, F], read from gate_up. */
-bitnet_status bn_cpu_relu2_rmsnorm(int32_t dtype, int64_t T, int64_t F, const void *gate_up,
-                                   const void *weight, float eps, void *y, int8_t *y_q,
-                                   float *y_scales);
-bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
-                                    const void *gate_up, const void *weight, float eps, void *y,
-                                    int8_t *y_q, float *y_scales, void *stream);
+/* bitnet_glu_rmsnorm: the same norm of v = glu_gate(gate_up) [T, F], read from gate_up; weight
+ * NULL: no norm (y = v, codes by quantize_a8's rule). */
+bitnet_status bn_cpu_glu_rmsnorm(int32_t dtype, int64_t T, int64_t F, int32_t activation,
+                                 const void *gate_up, const void *weight, float eps, void *y,
+                                 int8_t *y_q, float *y_scales);
+bitnet_status bn_cuda_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                  int32_t activation, const void *gate_up, const void *weight,
+                                  float eps, void *y, int8_t *y_q, float *y_scales, void *stream);
+/* Checks that activation is a bitnet_activation. */
+bitnet_status bn_check_activation(const char *fn, int32_t activation);
 
 /* ---- Attention and layer glue ---- */
 
@@ -259,13 +262,14 @@ bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, i
                                      int64_t Hq, int64_t Hkv, int64_t D, void *q, const void *k,
                                      const void *v, void *k_cache, void *v_cache, int64_t C,
                                      const int32_t *positions, float theta, void *stream);
-bitnet_status bn_cpu_relu2_gate(int32_t dtype, int64_t T, int64_t F, const void *gate_up, void *out);
-/* out[out_offset + i] = relu2(gate_up[gate + i], gate_up[gate + F + i]) stored in dtype, i < n: the
- * squared-ReLU gate of bitnet_relu2_gate, shared with the CPU bitnet_relu2_rmsnorm. */
-void bn_cpu_relu2_span(int32_t dtype, const void *gate_up, int64_t gate, int64_t F, int64_t n,
-                       void *out, int64_t out_offset);
-bitnet_status bn_cuda_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
-                                 const void *gate_up, void *out, void *stream);
+bitnet_status bn_cpu_glu_gate(int32_t dtype, int64_t T, int64_t F, int32_t activation,
+                              const void *gate_up, void *out);
+/* out[out_offset + i] = act(gate_up[gate + i]) * gate_up[gate + F + i] stored in dtype, i < n: the
+ * gate of bitnet_glu_gate, shared with the CPU bitnet_glu_rmsnorm. */
+void bn_cpu_glu_span(int32_t dtype, int32_t activation, const void *gate_up, int64_t gate,
+                     int64_t F, int64_t n, void *out, int64_t out_offset);
+bitnet_status bn_cuda_glu_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                               int32_t activation, const void *gate_up, void *out, void *stream);
 
 /* ---- Model glue and graphs ---- */
 bitnet_status bn_cpu_gemv_bf16(const void *w, int64_t M, int64_t K, const void *x, int32_t x_dtype,
