@@ -10,6 +10,7 @@ from .errors import (BitNetError, ConfigurationError, CudaError, InternalError,
                      UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import glu_gate, relu2_gate, rope_append_kv
+from .sampling import sample
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
                    rmsnorm_quantize)
 from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
@@ -20,7 +21,7 @@ __all__ = [
     "pack_ternary", "TernaryWeights", "quantize_a8", "gemv_w2a8", "cpu_isa", "set_cpu_isa",
     "rmsnorm", "add_rmsnorm", "rmsnorm_quantize", "relu2_rmsnorm_quantize", "attention",
     "attention_workspace_size", "rope_append_kv", "relu2_gate", "gemv_bf16", "argmax", "embedding",
-    "add_int32", "glu_gate", "glu_rmsnorm_quantize", "library_version", "device_synchronize", "BitNetError", "InvalidArgumentError",
+    "add_int32", "glu_gate", "glu_rmsnorm_quantize", "sample", "library_version", "device_synchronize", "BitNetError", "InvalidArgumentError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
     "LibraryNotFoundError", "ConfigurationError",
 ]

@@ -267,6 +267,26 @@ bitnet_status bitnet_gemv_bf16(int32_t device, const void *w /* [M, K] bfloat16 
 bitnet_status bitnet_argmax(int32_t device, const float *x /* [N, M] */, int64_t N, int64_t M,
                             int32_t *index /* [N] */, void *stream);
 
+/* One token per row of logits, drawn on the device (docs/sampling.md). temperature 0: index[n] =
+ * bitnet_argmax of row n. Otherwise, for row n with x = logits[n] (V floats):
+ *   1. x / temperature; p = expf((x - max x) / temperature) in float32, sums in float64;
+ *   2. keep the top_k largest (top_k 0: all; equal logits by the lower index), in that order;
+ *   3. softmax over what is kept; then keep its smallest prefix whose cumulative probability
+ *      reaches top_p (1: all);
+ *   4. u = the uniform draw in [0, 1) of Philox-4x32-10 at (seed, n, counters[n]); index[n] = the
+ *      first kept token whose cumulative probability exceeds u (times the kept mass).
+ * Without top-k and top-p, the whole vocabulary in index order. top_k <= 1024; top-p alone ranks
+ * the 1024 most likely tokens (its softmax over all V): a nucleus wider than that is cut there.
+ * A row holding a NaN or +inf, or only -inf, gives its argmax. The CPU and the GPU draw the same
+ * token except where u falls within float rounding (expf's ulp, float64 sums in another order) of a
+ * boundary between two tokens or of the top-p cut. temperature finite >= 0; top_k in [0, 1024];
+ * top_p in (0, 1]. counters: int32 [N] in the op's memory, read, not advanced (advance them with
+ * bitnet_add_int32, or pass the sequences' positions). No allocation and no host reads of device
+ * data: a GPU call can be captured in a CUDA graph. Programmatic dependent launch. */
+bitnet_status bitnet_sample(int32_t device, const float *logits /* [N, V] */, int64_t N, int64_t V,
+                            uint64_t seed, const int32_t *counters /* [N] */, float temperature,
+                            int32_t top_k, float top_p, int32_t *index /* [N] */, void *stream);
+
 /* out[n, :] = table[ids[n], :]. ids: int32 in the op's memory; on the CPU an id outside [0, V) is an
  * error; on a GPU (ids are not read by the host) its row of out is filled with NaN. */
 bitnet_status bitnet_embedding(int32_t device, int32_t dtype, const void *table /* [V, H] */,
