@@ -201,6 +201,11 @@ def valid_call(entry, mem, rng):
     if entry == "argmax":
         return Call(entry, dict(device=d, x=put(values(rng, (2, 7), "float32")), N=2, M=7,
                                 index=put(poison((2,), "int32")), stream=NULL), ("index",))
+    if entry == "sample":
+        return Call(entry, dict(device=d, logits=put(values(rng, (2, 7), "float32")), N=2, V=7,
+                                seed=5, counters=put(np.array([3, 9], np.int32)), temperature=1.0,
+                                top_k=3, top_p=0.9, index=put(poison((2,), "int32")), stream=NULL),
+                    ("index",))
     if entry == "embedding":
         return Call(entry, dict(device=d, dtype=0, table=put(values(rng, (5, 8), "float32")), V=5,
                                 H=8, ids=put(np.array([4, 0, 2], np.int32)), N=3,
@@ -213,7 +218,7 @@ def valid_call(entry, mem, rng):
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
-              "glu_gate", "glu_rmsnorm", "gemv_bf16", "argmax", "embedding", "add_int32")
+              "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32")
 
 
 # ---------------------------------------------------------------- the mutation table
@@ -433,6 +438,19 @@ MUTATIONS = {
         Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
         Mutation("N", 1 << 40, INVALID, "overflow a 64-bit byte count"),  # N * M * 4, M = 2^31-1
     ] + pointers("x", "index", aligned=("x", "index")) + overlaps(("index", "x", ("x", "index"))),
+    "sample": bad_devices() + non_positive("size must be positive", "N", "V") + [
+        Mutation("V", 1 << 31, INVALID, "does not fit the int32 index"),
+        Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("temperature", -0.5, INVALID, "temperature must be finite and >= 0"),
+        Mutation("temperature", math.nan, INVALID, "temperature must be finite"),
+        Mutation("temperature", math.inf, INVALID, "temperature must be finite"),
+        Mutation("top_k", -1, INVALID, "top_k must be in [0, 1024]"),
+        Mutation("top_k", 1025, INVALID, "top_k must be in [0, 1024]"),
+        Mutation("top_p", 0.0, INVALID, "top_p must be in (0, 1]"),
+        Mutation("top_p", 1.5, INVALID, "top_p must be in (0, 1]"),
+        Mutation("top_p", math.nan, INVALID, "top_p must be in (0, 1]"),
+    ] + pointers("logits", "counters", "index", aligned=("logits", "counters", "index"))
+      + overlaps(("index", "logits", ("logits", "index")), ("index", "counters", ("counters", "index"))),
     "embedding": bad_devices() + non_positive("size must be positive", "V", "H", "N") + [
         Mutation("dtype", 4, INVALID, "dtype must be float32, float16 or bfloat16"),
         Mutation("V", 1 << 31, INVALID, "does not fit the int32 ids"),
@@ -452,6 +470,7 @@ MUTATIONS = {
 # per row: the second is applied by COMPANIONS).
 COMPANIONS = {("quantize_i2s", "row_segments"): {"n_segments": 2},
               ("argmax", "N"): {"M": (1 << 31) - 1},
+              ("sample", "N"): {"V": (1 << 31) - 1},
               ("embedding", "H"): {"V": 1 << 30}}
 
 
@@ -937,6 +956,20 @@ def python_cases(rng):
          InvalidArgumentError, "y_out: expected shape", list(gq)),
         ("relu2_rmsnorm weight None", lambda: bn.relu2_rmsnorm_quantize(gate, None, out=gq),
          InvalidArgumentError, "weight: expected an array", list(gq)),
+        ("sample top_k", lambda: bn.sample(logits, 1, [0, 1], top_k=1025, out=index),
+         InvalidArgumentError, "top_k must be an integer in [0, 1024]", [index]),
+        ("sample top_p", lambda: bn.sample(logits, 1, [0, 1], top_p=0.0, out=index),
+         InvalidArgumentError, "top_p must be in (0, 1]", [index]),
+        ("sample temperature", lambda: bn.sample(logits, 1, [0, 1], temperature=-1.0, out=index),
+         InvalidArgumentError, "temperature must be finite and >= 0", [index]),
+        ("sample seed", lambda: bn.sample(logits, -3, [0, 1], out=index),
+         InvalidArgumentError, "seed must be an integer in [0, 2**64)", [index]),
+        ("sample counters count", lambda: bn.sample(logits, 1, [0], out=index),
+         InvalidArgumentError, "counters: expected 2 integers", [index]),
+        ("sample counters dtype", lambda: bn.sample(logits, 1, np.zeros(2, np.float32), out=index),
+         InvalidArgumentError, "counters: expected 2 integers", [index]),
+        ("sample logits dtype", lambda: bn.sample(logits.astype(np.float16), 1, [0, 1], out=index),
+         InvalidArgumentError, "dtype", [index]),
     ]
 
 
