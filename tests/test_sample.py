@@ -291,6 +291,31 @@ def test_gpu_ties_non_finite_and_argmax(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("top_k,top_p", [(40, 1.0), (0, 0.9), (1024, 0.95)])
+@pytest.mark.parametrize("spread", ["distinct", "coarse", "flat"])
+def test_gpu_candidate_paths_match_cpu(rng, top_k, top_p, spread):
+    """The candidates come from the first pass's top bins staged in shared memory, or where those
+    hold more than 8192 logits (coarse: 20000 equal top logits; flat: all equal) from a radix
+    select over the row: both keep what the CPU keeps."""
+    N, V = 6, 100000
+    if spread == "distinct":
+        logits = (rng.standard_normal((N, V)) * 3).astype(np.float32)
+    elif spread == "coarse":
+        logits = np.round(rng.standard_normal((N, V))).astype(np.float32)
+        logits[:, rng.permutation(V)[:20000]] = 3.0
+    else:
+        logits = np.zeros((N, V), np.float32)
+    counters = rng.integers(0, 2**31, N).astype(np.int32)
+    seed = int(rng.integers(0, 2**64, dtype=np.uint64))
+    gpu = gpu_sample(logits, seed, counters, 1.0, top_k, top_p)
+    cpu = bitnet_ffi.sample(logits, seed, counters, 1.0, top_k, top_p)
+    for n in np.flatnonzero(cpu != gpu):
+        assert not reference_sample(logits[n], philox_uniform(seed, int(n), int(counters[n])), 1.0,
+                                    top_k, top_p)[1]
+    assert check_against_reference(gpu, logits, seed, counters, 1.0, top_k, top_p) >= N // 2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("top_k,top_p,temperature", [(0, 1.0, 1.0), (3, 1.0, 1.0), (0, 0.8, 1.0),
                                                      (5, 0.9, 0.6)])
 def test_gpu_distribution_chi_square(rng, top_k, top_p, temperature):
@@ -313,8 +338,7 @@ def test_gpu_cuda_graph_replay_with_counters_advanced_on_the_device(rng):
     out = torch.full((N,), -1, dtype=torch.int32, device="cuda")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        bitnet_ffi.sample(logits, 5, counters, 0.9, 50, 0.9, out=out)  # warm-up
-        bitnet_ffi.add_int32(counters, -1)
+        bitnet_ffi.sample(logits, 5, counters, 0.9, 50, 0.9, out=out)  # warm-up (reads only)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             bitnet_ffi.sample(logits, 5, counters, 0.9, 50, 0.9, out=out)

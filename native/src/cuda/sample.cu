@@ -1,12 +1,15 @@
 /* Sampling on the device (docs/sampling.md), one block of 1024 threads per row, the rule of
  * cpu/sample.c: the row's first rank (the argmax, or its NaN / inf case); then either the whole
  * vocabulary in index order (each warp sums the probabilities of a contiguous 32nd of the row, the
- * warp whose share holds the draw finds it with a scan), or the candidates: the K-th largest rank's
- * key by a radix select (4 passes of 8-bit digits over the row, shared-memory histograms), the ranks
- * above it and the lowest-index ties at it gathered in shared memory and sorted (bitonic), their
- * probabilities scanned in float64, top-p and the draw by block counts. No workspace: a row's
- * state fits in 26 KB of shared memory. Bytes: the row is read 2 times (whole vocabulary) or 6-7
- * times (candidates; from L2 after the first: 512 KB at V = 131072). Programmatic dependent launch. */
+ * warp whose share holds the draw finds it with a scan), or the K candidates. For those, the first
+ * pass also counts the order keys' top 11 bits; the bins from the top down to the one that holds
+ * the K-th largest key are staged in shared memory by a second pass (up to kStaged ranks) and
+ * sorted there. Where they do not fit (many equal logits), a radix select over the row (4 passes of
+ * 8-bit digits) finds the K-th key and the ranks above it and the lowest-index ties at it are
+ * gathered. The candidates' probabilities are scanned in float64, top-p and the draw come from
+ * block counts. No workspace: 90 KB of shared memory. Bytes: the row is read 2 times (the L2 keeps
+ * it for the second: 512 KB at V = 131072), or 6-7 on the radix path. Programmatic dependent
+ * launch. */
 #include "common.cuh"
 
 namespace {
@@ -14,16 +17,19 @@ namespace {
 constexpr int kThreads = 1024, kWarps = kThreads / 32;
 constexpr int kMaxCandidates = BN_SAMPLE_MAX_CANDIDATES;
 static_assert(kMaxCandidates == kThreads, "one candidate per thread");
+/* The first pass's histogram: the order keys' top kTopBits bits. The ranks staged in dynamic shared
+ * memory: up to kStaged (64 KB). */
+constexpr int kTopBits = 11, kTopBins = 1 << kTopBits, kStaged = 8192;
 
 struct SampleShared {
     uint64_t rank[kMaxCandidates]; /* candidates' ranks, sorted in descending order */
     double cum[kMaxCandidates];     /* their cumulative probabilities */
-    uint32_t histogram[256];
+    uint32_t histogram[kTopBins];   /* the first kTopBins entries serve the radix select */
     double warp_double[kWarps];
     uint64_t warp_rank[kWarps];
     int64_t warp_index[kWarps];
     int count_above, count_ties; /* gathered candidates */
-    int digit, remaining;
+    int digit, remaining, staged;
     double target;
     int64_t result;
 };
@@ -130,12 +136,29 @@ __device__ int64_t draw_from_all(const float *x, int64_t V, float m, float tempe
     return fallback;
 }
 
-/* Adds 1 to histogram[digit] for each lane with `in` set, one atomic per distinct digit. */
+/* Adds 1 to histogram[digit] for each lane with `in` set, one atomic per distinct digit. The
+ * whole warp calls it. */
 __device__ __forceinline__ void count_digit(bool in, uint32_t digit, SampleShared &sm) {
     const unsigned in_mask = __ballot_sync(0xffffffffu, in);
     if (!in) return;
     const unsigned peers = __match_any_sync(in_mask, digit);
     if ((int)(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&sm.histogram[digit], __popc(peers));
+}
+
+/* The bin of the first pass's histogram that holds the K-th largest key, and how many keys lie in
+ * the bins above it: thread t holds bins kTopBins - 1 - 2t and kTopBins - 2 - 2t. */
+__device__ void top_bin(int K, SampleShared &sm, int *bin, int *above) {
+    const int hi = kTopBins - 1 - 2 * (int)threadIdx.x;
+    const uint32_t a = sm.histogram[hi], b = sm.histogram[hi - 1];
+    const double through = block_inclusive_scan((double)(a + b), sm), before = through - (a + b);
+    if (before < K && through >= K) {
+        const bool first = before + a >= K;
+        sm.digit = first ? hi : hi - 1;
+        sm.remaining = (int)before + (first ? 0 : (int)a);
+    }
+    __syncthreads();
+    *bin = sm.digit, *above = sm.remaining;
+    __syncthreads();
 }
 
 /* The K-th largest order key of the row (radix select, most significant digit first); sets
@@ -208,16 +231,18 @@ __device__ void gather(const float *x, int64_t V, int K, uint32_t key, SampleSha
         if (bn_sample_order_key(x[i]) == key) sm.rank[above + rank++] = bn_sample_rank(x[i], i);
 }
 
-/* Sorts sm.rank[0, n) in descending order, n a power of two <= kThreads (bitonic). */
-__device__ void sort_descending(int n, SampleShared &sm) {
+/* Sorts rank[0, n) (shared memory) in descending order, n a power of two (bitonic). */
+__device__ void sort_descending(uint64_t *rank, int n) {
     for (int size = 2; size <= n; size *= 2) {
         for (int stride = size / 2; stride > 0; stride /= 2) {
             __syncthreads();
-            const int i = threadIdx.x, j = i ^ stride;
-            if (i < n && j > i) {
-                const bool descending = (i & size) == 0;
-                const uint64_t a = sm.rank[i], b = sm.rank[j];
-                if ((a < b) == descending) sm.rank[i] = b, sm.rank[j] = a;
+            for (int i = threadIdx.x; i < n; i += kThreads) {
+                const int j = i ^ stride;
+                if (j > i) {
+                    const bool descending = (i & size) == 0;
+                    const uint64_t a = rank[i], b = rank[j];
+                    if ((a < b) == descending) rank[i] = b, rank[j] = a;
+                }
             }
         }
     }
@@ -229,12 +254,25 @@ sample_kernel(const float *__restrict__ logits, int64_t V, uint64_t seed,
               const int32_t *__restrict__ counters, float temperature, int top_k, float top_p,
               int32_t *__restrict__ index) {
     __shared__ SampleShared sm;
+    extern __shared__ uint64_t staged[]; /* [kStaged] */
     bn_pdl_wait();
     bn_pdl_launch_dependents();
     const int64_t row = blockIdx.x;
     const float *x = logits + row * V;
+    const bool all = top_k == 0 && top_p >= 1.0f;
+    const int K = (int)min((int64_t)(top_k > 0 ? top_k : kMaxCandidates), V);
+    const bool select = !all && K < V; /* the first pass also counts the keys' top bits */
+    if (select) {
+        for (int b = threadIdx.x; b < kTopBins; b += kThreads) sm.histogram[b] = 0;
+        __syncthreads();
+    }
     uint64_t first = 0;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) first = max(first, bn_sample_rank(x[i], i));
+    for (int64_t base = threadIdx.x / 32 * 32; base < V; base += kThreads) { /* whole warps */
+        const int64_t i = base + threadIdx.x % 32;
+        const uint64_t rank = i < V ? bn_sample_rank(x[i], i) : 0;
+        first = max(first, rank);
+        if (select) count_digit(i < V, (uint32_t)(rank >> (64 - kTopBits)), sm);
+    }
     first = block_max(first, sm);
     const int64_t best = bn_sample_rank_index(first);
     const float m = x[best];
@@ -243,36 +281,60 @@ sample_kernel(const float *__restrict__ logits, int64_t V, uint64_t seed,
         return;
     }
     const double u = bn_sample_uniform(seed, row, counters[row]);
-    if (top_k == 0 && top_p >= 1.0f) {
+    if (all) {
         const int64_t token = draw_from_all(x, V, m, temperature, u, sm);
         if (token >= 0 && threadIdx.x % 32 == 0) index[row] = (int32_t)token;
         return;
     }
 
-    const int K = (int)min((int64_t)(top_k > 0 ? top_k : kMaxCandidates), V);
+    /* The candidates, sorted, into ranks[0, K); z_all: the whole vocabulary's sum where top-p
+     * alone needs it (-1: not computed yet). */
+    uint64_t *ranks = sm.rank;
+    double z_all = -1.0;
     int n = 1;
-    while (n < K) n *= 2;
-    if (K == V) {
-        for (int i = threadIdx.x; i < n; i += kThreads) sm.rank[i] = i < V ? bn_sample_rank(x[i], i) : 0;
+    if (!select) { /* K == V */
+        while (n < K) n *= 2;
+        for (int i = threadIdx.x; i < n; i += kThreads) ranks[i] = i < V ? bn_sample_rank(x[i], i) : 0;
     } else {
-        const uint32_t key = kth_key(x, V, K, sm);
-        gather(x, V, K, key, sm);
-        __syncthreads();
-        for (int i = K + threadIdx.x; i < n; i += kThreads) sm.rank[i] = 0; /* below every rank */
+        int bin = 0, above = 0;
+        top_bin(K, sm, &bin, &above);
+        const int count = above + (int)sm.histogram[bin];
+        if (count <= kStaged) { /* the bins from `bin` up, staged and sorted */
+            if (threadIdx.x == 0) sm.staged = 0;
+            __syncthreads();
+            double z = 0.0;
+            for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+                const uint64_t rank = bn_sample_rank(x[i], i);
+                if ((int)(rank >> (64 - kTopBits)) >= bin) staged[atomicAdd(&sm.staged, 1)] = rank;
+                if (top_k == 0) z += probability(x[i], m, temperature);
+            }
+            if (top_k == 0) z_all = block_sum(z, sm);
+            while (n < count) n *= 2;
+            __syncthreads();
+            for (int i = count + threadIdx.x; i < n; i += kThreads) staged[i] = 0; /* below every rank */
+            ranks = staged;
+        } else { /* too many: a radix select over the row */
+            const uint32_t key = kth_key(x, V, K, sm);
+            gather(x, V, K, key, sm);
+            while (n < K) n *= 2;
+            __syncthreads();
+            for (int i = K + threadIdx.x; i < n; i += kThreads) ranks[i] = 0;
+        }
     }
-    sort_descending(n, sm);
+    sort_descending(ranks, n);
 
     const int j = threadIdx.x; /* candidate j */
-    const float p = j < K ? probability(x[bn_sample_rank_index(sm.rank[j])], m, temperature) : 0.0f;
+    const float p = j < K ? probability(x[bn_sample_rank_index(ranks[j])], m, temperature) : 0.0f;
     const double cum = block_inclusive_scan(p, sm);
     sm.cum[j] = cum;
     int kept = K;
     if (top_p < 1.0f) {
-        double z = 0.0; /* top-k's softmax, or without top-k, the whole vocabulary's */
-        if (top_k == 0) {
+        double z = z_all; /* top-k's softmax, or without top-k, the whole vocabulary's */
+        if (top_k == 0 && z < 0.0) {
+            z = 0.0;
             for (int64_t i = threadIdx.x; i < V; i += kThreads) z += probability(x[i], m, temperature);
             z = block_sum(z, sm);
-        } else {
+        } else if (top_k > 0) {
             __syncthreads();
             z = sm.cum[K - 1];
         }
@@ -286,7 +348,7 @@ sample_kernel(const float *__restrict__ logits, int64_t V, uint64_t seed,
         chosen = kept - 1;
         while (chosen > 0 && sm.cum[chosen] == sm.cum[chosen - 1]) chosen--;
     }
-    if (threadIdx.x == 0) index[row] = (int32_t)bn_sample_rank_index(sm.rank[chosen]);
+    if (threadIdx.x == 0) index[row] = (int32_t)bn_sample_rank_index(ranks[chosen]);
 }
 
 } // namespace
@@ -297,7 +359,9 @@ bitnet_status bn_cuda_sample(int32_t device, const float *logits, int64_t N, int
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
     BN_CHECK(N <= INT32_MAX, "bitnet_sample: N = %lld rows is more than one launch takes", (long long)N);
-    BN_CUDA_TRY(bn_launch_pdl(sample_kernel, dim3((unsigned)N), dim3(kThreads), 0, bn_stream(stream),
+    const size_t staged_bytes = kStaged * sizeof(uint64_t);
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(sample_kernel), staged_bytes));
+    BN_CUDA_TRY(bn_launch_pdl(sample_kernel, dim3((unsigned)N), dim3(kThreads), staged_bytes, bn_stream(stream),
                               logits, V, seed, counters, temperature, (int)top_k, top_p, index));
     return BITNET_OK;
 }
