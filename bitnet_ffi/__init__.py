@@ -10,9 +10,9 @@ from .errors import (BitNetError, ConfigurationError, CudaError, InternalError,
                      UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import glu_gate, relu2_gate, rope_append_kv
-from .sampling import sample
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
                    rmsnorm_quantize)
+from .sampling import sample
 from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
                       quantize_i2s, set_cpu_isa)
 

@@ -51,22 +51,13 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
     _arrays.check(arrays["v_cache"], "v_cache", qa.dtype, (B, C, Hkv, D))
     if not (math.isfinite(theta) and theta > 1):
         raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
-    if isinstance(positions, (list, tuple, np.ndarray)):
-        host = np.asarray(positions)
-        if host.shape != (B,) or not np.issubdtype(host.dtype, np.integer):
-            raise InvalidArgumentError(f"positions: expected {B} integers, got {host.dtype} "
-                                       f"{list(host.shape)}")
+    def check_range(host):
         bad = np.flatnonzero((host < 0) | (host > C - S))
         if bad.size:
             raise InvalidArgumentError(f"positions[{bad[0]}] = {host[bad[0]]}: {S} new tokens do "
                                        f"not fit a cache of C = {C}")
-        pos = _arrays.upload_int32(host, qa, "positions")
-    else:
-        pos = _arrays.as_array(positions, "positions")
-        if pos.device != device:
-            raise InvalidArgumentError(f"positions is on {_arrays.device_name(pos.device)}, but "
-                                       f"q is on {_arrays.device_name(device)}")
-        _arrays.check(pos, "positions", "int32", (B,))
+
+    pos = _arrays.int32_per_row(positions, "positions", B, qa, check_range)
     _ffi.call("rope_append_kv", device, DTYPE_CODES[qa.dtype], B, S, Hq, Hkv, D, qa.cptr(),
               ka.cptr(), arrays["v"].cptr(), kc.cptr(), arrays["v_cache"].cptr(), C,
               pos.cptr("int32_t *"), float(theta), _ffi.ffi.cast("void *", handle))

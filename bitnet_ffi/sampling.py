@@ -58,20 +58,7 @@ def sample(logits, seed, counters, temperature=1.0, top_k=0, top_p=1.0, out=None
     xa = arrays["logits"]
     N, V, lead = _arrays.tokens(xa.shape, "logits")
     _arrays.check(xa, "logits", "float32", (*lead, V))
-    if isinstance(counters, (list, tuple, np.ndarray)):
-        host = np.asarray(counters)
-        if host.shape != (N,) or not np.issubdtype(host.dtype, np.integer):
-            raise InvalidArgumentError(f"counters: expected {N} integers, got {host.dtype} "
-                                       f"{list(host.shape)}")
-        if host.size and (host.min() < -2**31 or host.max() >= 2**31):
-            raise InvalidArgumentError("counters: values must fit int32")
-        ca = _arrays.upload_int32(host, xa, "counters")
-    else:
-        ca = _arrays.as_array(counters, "counters")
-        if ca.device != device:
-            raise InvalidArgumentError(f"counters is on {_arrays.device_name(ca.device)}, but "
-                                       f"logits is on {_arrays.device_name(device)}")
-        _arrays.check(ca, "counters", "int32", (N,))
+    ca = _arrays.int32_per_row(counters, "counters", N, xa)
     if out is None:
         out = _arrays.new_like(xa, lead, "int32")
         arrays["out"] = _arrays.as_array(out, "out")
