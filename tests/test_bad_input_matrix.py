@@ -419,6 +419,7 @@ MUTATIONS = {
         Mutation("y_q", NULL, INVALID, "both NULL", also={"y": NULL, "y_scales": NULL, "weight": NULL}),
         Mutation("y_scales", NULL, INVALID, "go together"),
         Mutation("y_scales", NULL, INVALID, "go together", also={"weight": NULL}),
+        Mutation("weight", NULL, INVALID, "ask for y_q too", also={"y_q": NULL, "y_scales": NULL}),
         Mutation("y", "ALIAS:gate_up", INVALID, "gate_up and y overlap"),
         Mutation("y_q", "ALIAS:gate_up", INVALID, "gate_up and y_q overlap", also={"weight": NULL}),
         Mutation("y", "ALIAS:weight", INVALID, "weight and y overlap"),

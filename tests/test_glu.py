@@ -148,9 +148,15 @@ def test_cpu_glu_bad_input(rng):
     assert lib.bitnet_relu2_rmsnorm(-1, 0, 3, 5, ptr, ffi.NULL, 1e-5, out_ptr, ffi.NULL, ffi.NULL,
                                     ffi.NULL) == lib.BITNET_ERR_INVALID_ARGUMENT
     assert "weight is NULL" in _ffi.last_error()
-    assert np.isnan(out).all()
+    # no weight and no codes: y alone is glu_gate's job, refused with a pointer to it
     assert lib.bitnet_glu_rmsnorm(-1, 0, 3, 5, 1, ptr, ffi.NULL, 1e-5, out_ptr, ffi.NULL, ffi.NULL,
-                                  ffi.NULL) == lib.BITNET_OK
+                                  ffi.NULL) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "bitnet_glu_gate" in _ffi.last_error()
+    assert np.isnan(out).all()
+    codes, scales = np.zeros((3, 5), np.int8), np.zeros(3, np.float32)
+    assert lib.bitnet_glu_rmsnorm(-1, 0, 3, 5, 1, ptr, ffi.NULL, 1e-5, out_ptr,
+                                  ffi.cast("int8_t *", codes.ctypes.data),
+                                  ffi.cast("float *", scales.ctypes.data), ffi.NULL) == lib.BITNET_OK
     np.testing.assert_array_equal(bits(out), bits(bitnet_ffi.glu_gate(gate_up, "silu")))
 
 

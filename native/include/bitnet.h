@@ -181,7 +181,7 @@ typedef enum {
  * without residual on v: y and/or y_q with y_scales, bit-identical to bitnet_glu_gate followed by
  * bitnet_rmsnorm on one device. weight NULL: no norm, y = v and y_q, y_scales = quantize_a8's rule
  * on v (bit-identical to bitnet_glu_gate then bitnet_quantize_a8 on one device; eps unused but
- * checked). dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too).
+ * checked; y_q required: y alone is bitnet_glu_gate). dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too).
  * eps: finite, >= 0. Give y, y_q (with y_scales) or both; no arrays may overlap. Programmatic
  * dependent launch on a GPU, as bitnet_rmsnorm. */
 bitnet_status bitnet_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,

@@ -70,6 +70,8 @@ static bitnet_status glu_rmsnorm(const norm_op *op, int32_t device, int32_t dtyp
                                  float *y_scales, void *stream) {
     BN_TRY(bn_check_activation(op->fn, activation));
     BN_TRY(check_norm(op, device, dtype, T, F, gate_up, NULL, weight, eps, y, y_q, y_scales));
+    BN_CHECK(weight || y_q, "%s: without a weight (no norm) y is the gate alone: ask for y_q too, "
+             "or call bitnet_glu_gate", op->fn);
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_glu_rmsnorm(dtype, T, F, activation, gate_up, weight, eps, y, y_q, y_scales)
                : BN_CUDA(bn_cuda_glu_rmsnorm(device, dtype, T, F, activation, gate_up, weight, eps,

@@ -530,7 +530,7 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
 }
 
 /* The gated kernels of one activation: with the norm, with or without the codes; without it (no
- * weight), with the codes (bn_cuda_glu_rmsnorm runs the gate alone for y only). */
+ * weight), with the codes (the entry point refuses y alone there: that is bitnet_glu_gate). */
 template <typename T, int GATE>
 bitnet_status launch_gated(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     if (!a.weight) return launch<T, false, GATE, true, false>(a, gpu, stream);
@@ -574,8 +574,6 @@ bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t 
 bitnet_status bn_cuda_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                   int32_t activation, const void *gate_up, const void *weight,
                                   float eps, void *y, int8_t *y_q, float *y_scales, void *stream) {
-    if (!weight && !y_q) /* y = v alone: the gate */
-        return bn_cuda_glu_gate(device, dtype, T, F, activation, gate_up, y, stream);
     return run(device, dtype, activation,
                NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F, false, 0}, stream);
 }
