@@ -26,7 +26,7 @@ constexpr int kTileK = 128;              /* weights per row per stage: 32 packed
 constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
 constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
 /* k tiles in flight. The smaller blocks have room for more stages; on an H100, 6 and 8 timed the same
- * as 4 within 3% (docs/log/2026-11-26-gemm.md). The defines are for tools/dev/gemm_variants.sh. */
+ * as 4 within 3% (docs/log/2026-11-26.md#2026-11-26-10). The defines are for tools/dev/gemm_variants.sh. */
 #ifndef GEMM_MID_STAGES
 #define GEMM_MID_STAGES 6
 #endif

@@ -49,7 +49,7 @@ constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
 
 /* From this many tokens on, sm_80+ GPUs take the tensor-core GEMM (gemm_w2a8.cu) instead of the
  * launches of 16 tokens that read the weights again each. Measured crossover on an H100:
- * docs/log/2026-11-26-gemm.md (built with -DBN_GEMM_MIN_TOKENS=n to time other choices). */
+ * docs/log/2026-11-26.md#2026-11-26-10 (built with -DBN_GEMM_MIN_TOKENS=n to time other choices). */
 #ifndef BN_GEMM_MIN_TOKENS
 #define BN_GEMM_MIN_TOKENS 17
 #endif
