@@ -166,7 +166,7 @@ def check(args):
     runs = {}
     for device in (_arrays.CPU, gpu):
         session = Session(random_weights(TINY, device, args.seed), 2, 32, device)
-        steps = [(session.prefill(prompt), session.download(session.prefill_logits).copy())]
+        steps = [(session.prefill(prompt), session.download(session.logits).copy())]
         for i in range(CHECK_STEPS - 1):
             forced = None if device == _arrays.CPU else runs[_arrays.CPU][i][0]
             tokens = session.decode(forced)

@@ -56,5 +56,10 @@ class ConfigurationError(BitNetError, ValueError):
     """A BITNET_* environment variable has a value that cannot be used."""
 
 
+class CorruptFileError(BitNetError, ValueError):
+    """A model file is truncated or malformed, or its tensors do not match the model (the
+    message names the file and the tensor)."""
+
+
 BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, UnsupportedError, NoDeviceError,
                                          OutOfMemoryError, CudaError, InternalError)}
