@@ -1,5 +1,5 @@
 """python -m bitnet_ffi COMMAND: info (devices and selection), demo (the main job: a BitNet b1.58
-2B4T decode through the library)."""
+2B4T decode through the library), generate (text from a real checkpoint)."""
 import argparse
 import json
 import sys
@@ -46,9 +46,14 @@ def main(argv=None):
                                                    "2B4T-shaped model, with timings")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(run=demo.main)
+    from . import generate
+    generate_parser = commands.add_parser("generate", help="generate text with a real checkpoint "
+                                                           "(Hugging Face directory or GGUF)")
+    generate.add_arguments(generate_parser)
+    generate_parser.set_defaults(run=generate.main)
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except BitNetError as exc:
+    except (BitNetError, FileNotFoundError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

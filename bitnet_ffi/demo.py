@@ -81,16 +81,24 @@ def run(args):
     report = {"tool": "demo", "summary": selection.summary(), "device": selection.selected}
     say = (lambda *a: None) if args.json else print
     say(selection.summary())
-    layers = args.layers or (BITNET_2B4T.layers if device != _arrays.CPU else CPU_DEFAULT_LAYERS)
-    if device == _arrays.CPU and not args.layers:
-        say(f"CPU run: {layers} of the {BITNET_2B4T.layers} layers by default (--layers to change)")
-    config = Config(**{**BITNET_2B4T.__dict__, "layers": layers})
+    start = time.perf_counter()
+    if args.model:  # a real checkpoint, all its layers; random prompt ids in its vocabulary
+        from .generate import Model
+        weights = Model.load(args.model, device).weights
+        config, layers = weights.config, weights.config.layers
+        say(f"weights: {args.model} loaded in {time.perf_counter() - start:.1f} s")
+    else:
+        layers = args.layers or (BITNET_2B4T.layers if device != _arrays.CPU
+                                 else CPU_DEFAULT_LAYERS)
+        if device == _arrays.CPU and not args.layers:
+            say(f"CPU run: {layers} of the {BITNET_2B4T.layers} layers by default (--layers to "
+                "change)")
+        config = Config(**{**BITNET_2B4T.__dict__, "layers": layers})
+        weights = random_weights(config, device, args.seed, progress("quantizing layers"))
+        say(f"weights: {layers} layers quantized by quantize_i2s in "
+            f"{time.perf_counter() - start:.1f} s")
     context = args.prompt_len + args.tokens
     report.update(layers=layers, batch=args.batch, prompt_len=args.prompt_len, tokens=args.tokens)
-
-    start = time.perf_counter()
-    weights = random_weights(config, device, args.seed, progress("quantizing layers"))
-    say(f"weights: {layers} layers quantized by quantize_i2s in {time.perf_counter() - start:.1f} s")
     session = Session(weights, args.batch, context + TIMED_REPLAYS + 1, device)
     prompt = np.random.default_rng(args.seed + 1).integers(0, config.vocab,
                                                            (args.batch, args.prompt_len))
@@ -127,7 +135,8 @@ def run(args):
     for kind, ms in report["op_ms"].items():
         say(f"  {kind:18s} {ms:8.3f} ms  {100 * ms / step_ms:5.1f}%")
 
-    if session.stream is not None and not args.no_torch:
+    two_b4t_layout = config.activation == "relu2" and config.sub_norms and config.tied_head
+    if session.stream is not None and not args.no_torch and two_b4t_layout:
         report.update(torch_comparison(weights, args, context))
         if "torch_ms_per_token" in report:
             say(f"PyTorch bf16, same model, CUDA graph: {report['torch_ms_per_token']:.3f} ms per "
@@ -187,6 +196,8 @@ def check(args):
 
 def add_arguments(parser):
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    parser.add_argument("--model", help="a checkpoint (model directory or .gguf) instead of "
+                                        "random weights")
     parser.add_argument("--layers", type=int, help=f"layers (default: 30 on a GPU, "
                                                    f"{CPU_DEFAULT_LAYERS} on the CPU)")
     parser.add_argument("--prompt-len", type=int, default=960)

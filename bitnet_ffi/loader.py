@@ -25,21 +25,22 @@ from . import weight_names as names
 
 BF16 = _arrays.numpy_dtype("bfloat16")
 FLOAT_KINDS = ("bfloat16", "float16", "float32")
-CHUNK_ROWS = 1024  # rows per thread in the host conversions
+CHUNK_ROWS = 128  # rows per task in the host conversions
 _pool = ThreadPoolExecutor(max(1, min(16, os.cpu_count() or 1)))
 
 
-def load_checkpoint(path, device, progress=True):
-    """(Config, Weights on `device`) from a model directory or a .gguf file."""
+def open_source(path):
+    """The checkpoint at `path` (a model directory or a .gguf file), its config read: ``.config``,
+    and ``.load(device, progress)`` for the Weights."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        source = HFSource(path)
-    elif path.endswith(".gguf") or _is_gguf(path):
-        source = GGUFSource(path)
-    else:
-        raise UnsupportedError(f"{path}: neither a model directory (config.json + safetensors) "
-                               "nor a GGUF file")
-    return source.config, source.load(device, progress)
+        return HFSource(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such model directory or file")
+    if path.endswith(".gguf") or _is_gguf(path):
+        return GGUFSource(path)
+    raise UnsupportedError(f"{path}: neither a model directory (config.json + safetensors) nor "
+                           "a GGUF file")
 
 
 def _is_gguf(path):
@@ -201,7 +202,7 @@ class Source:
         if tuple(got) != tuple(shape):
             raise CorruptFileError(f"{self.where(name)}: tensor {name}: shape {list(got)}, "
                                    f"expected {list(shape)}")
-        return np.asarray(self.values(name)).astype(BF16)
+        return np.asarray(self.values(name)).astype(BF16, copy=False)
 
     def norm(self, prefix, part, width, device):
         if part in names.SUB_NORMS and not self.config.sub_norms:
