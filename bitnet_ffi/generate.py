@@ -92,7 +92,7 @@ class Model:
         if P + max_tokens > self.config.max_positions:
             raise InvalidArgumentError(f"{P} prompt tokens + {max_tokens} new ones exceed the "
                                        f"model's {self.config.max_positions} positions")
-        session = self.session(B, min(self.config.max_positions, _round_up(P + max_tokens, 256)))
+        session = self.session(B, min(self.config.max_positions, _round_up(P + max_tokens, 64)))
         session.set_sampling(temperature, top_k, top_p, seed)
         padded = np.zeros((B, P), np.int32)
         for b, p in enumerate(ids):

@@ -40,6 +40,7 @@ def main():
     result = model.generate(prompt, max_tokens=args.tokens, stop=False)[0]
     t = result.timings
     session = model.session(1, model._session.capacity)
+    session.rewind(args.prompt_len)  # the timed replays run at the prompt's context again
     report.update(prefill_tokens_per_s=t["prefill_tokens_per_s"],
                   decode_ms_per_token_wall=t["decode_ms_per_step"],
                   decode_ms_per_token_graph=session.graph.time_ms(20) if session.graph else None,
