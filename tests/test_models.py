@@ -449,3 +449,13 @@ def test_sampling_is_reproducible(device):
                            top_p=0.95, seed=s, stop=False) for s in (1, 1, 2)]
     assert [r.ids for r in runs[0]] == [r.ids for r in runs[1]]
     assert [r.ids for r in runs[0]] != [r.ids for r in runs[2]]
+
+
+@pytest.mark.cpu
+def test_demo_times_a_checkpoint(capsys):
+    from bitnet_ffi.cli import main
+    assert main(["demo", "--model", fixture("bitnet-packed-tq1_0.gguf"), "--device", "cpu",
+                 "--prompt-len", "8", "--tokens", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layers"] == 2 and len(report["tokens_first_sequence"]) == 4
+    assert report["decode_ms_per_token"] > 0
