@@ -1,13 +1,13 @@
 """bitnet_ffi: BitNet b1.58 inference kernels (CUDA and CPU) behind a plain C ABI, for numpy,
 PyTorch and CuPy arrays."""
-from . import _ffi
+from . import _arrays, _ffi
 from ._arrays import DeviceArray
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Event, Graph, Stream
 from .device import detect, resolve, select
-from .errors import (BitNetError, ConfigurationError, CudaError, InternalError,
-                     InvalidArgumentError, LibraryNotFoundError, NoDeviceError, OutOfMemoryError,
-                     UnsupportedError)
+from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CudaError,
+                     InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError,
+                     OutOfMemoryError, UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer import relu2_gate, rope_append_kv
 from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm, rmsnorm_quantize
@@ -20,8 +20,8 @@ __all__ = [
     "rmsnorm", "add_rmsnorm", "rmsnorm_quantize", "relu2_rmsnorm_quantize", "attention",
     "attention_workspace_size", "rope_append_kv", "relu2_gate", "gemv_bf16", "argmax", "embedding",
     "add_int32", "library_version", "device_synchronize", "BitNetError", "InvalidArgumentError",
-    "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
-    "LibraryNotFoundError", "ConfigurationError",
+    "ArgumentTypeError", "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError",
+    "InternalError", "LibraryNotFoundError", "ConfigurationError",
 ]
 
 __version__ = "0.1.0"
@@ -36,4 +36,4 @@ def library_version():
 
 def device_synchronize(device=0):
     """Waits for all work on a CUDA device."""
-    _ffi.call("device_synchronize", int(device))
+    _ffi.call("device_synchronize", _arrays.integer(device, "device"))

@@ -6,12 +6,14 @@ that it is dense; ``check`` validates dtype and shape with messages that show wh
 ``prepare`` does both for all of an op's arguments, checks that they share one device and finds the
 stream to run on. Nothing here ever copies between host and device behind the caller's back."""
 import math
+import numbers
+import operator
 import weakref
 
 import numpy as np
 
 from . import _ffi
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 CPU = -1
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2, "int8": 3, "int32": 4, "uint8": 5}
@@ -69,9 +71,32 @@ def _dense_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
+def integer(value, name):
+    """value as a Python int. A float (even 2.0), None or a string is an ArgumentTypeError: never
+    truncated."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ArgumentTypeError(f"{name}: expected an integer, got {value!r} "
+                                f"({type(value).__name__})") from None
+
+
+def number(value, name):
+    """value (an int or a float, numpy's included) as a Python float; anything else is an
+    ArgumentTypeError."""
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise ArgumentTypeError(f"{name}: expected a number, got {value!r} ({type(value).__name__})")
+
+
+def _type_name(obj):
+    kind = type(obj)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+
+
 def as_array(obj, name):
-    """Wraps obj without copying; raises InvalidArgumentError for anything that is not a dense
-    array of a known dtype."""
+    """Wraps obj without copying. Anything that is not an array (None, a list, a torch module) is
+    an ArgumentTypeError; an array that is not dense or of a known dtype an InvalidArgumentError."""
     if isinstance(obj, Array):
         return obj
     if isinstance(obj, DeviceArray):
@@ -83,14 +108,20 @@ def as_array(obj, name):
                                        f"{obj.strides}); pass np.ascontiguousarray({name})")
         # A cffi buffer view as the pointer: 0.4 us, where obj.ctypes.data takes 1.9.
         return Array(obj, "numpy", _ffi.ffi.from_buffer(obj), obj.shape, dtype, CPU)
-    if type(obj).__module__.split(".")[0] == "torch":
+    if type(obj).__module__.split(".")[0] == "torch" and _is_torch_tensor(obj):
         return _torch_array(obj, name)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is not None:
         return _cai_array(obj, interface, name)
-    raise InvalidArgumentError(f"{name}: expected a numpy array, a bitnet_ffi.DeviceArray, a "
-                               f"PyTorch tensor or a CUDA array (__cuda_array_interface__), "
-                               f"got {type(obj).__name__}")
+    hint = f"; pass np.asarray({name})" if isinstance(obj, (list, tuple, numbers.Number)) else ""
+    raise ArgumentTypeError(f"{name}: expected a numpy array, a bitnet_ffi.DeviceArray, a "
+                            f"PyTorch tensor or a CUDA array (__cuda_array_interface__), "
+                            f"got {_type_name(obj)}{hint}")
+
+
+def _is_torch_tensor(obj):
+    import torch  # already imported: obj comes from it
+    return isinstance(obj, torch.Tensor)
 
 
 # dtype objects -> our dtype names, so that an array's dtype costs one dict lookup: numpy's
@@ -123,6 +154,9 @@ def _torch_array(tensor, name):
     if not tensor.is_contiguous():
         raise InvalidArgumentError(f"{name}: the tensor is not contiguous (strides "
                                    f"{tuple(tensor.stride())}); pass {name}.contiguous()")
+    if tensor.is_neg():  # its memory holds -x: reading it would drop the sign
+        raise InvalidArgumentError(f"{name}: the tensor is a lazy negative view (_neg_view); "
+                                   f"pass {name}.resolve_neg()")
     device = tensor.get_device()  # the CUDA index, -1 (CPU) for host tensors
     return Array(tensor, "torch", tensor.data_ptr(), tuple(tensor.shape), dtype,
                  device if device >= 0 else CPU)
@@ -171,19 +205,29 @@ def tokens(shape, name):
 
 
 def stream_handle(stream):
-    """A cudaStream_t value from an int, a torch.cuda.Stream or a cupy Stream."""
+    """A cudaStream_t value from an int, a bitnet_ffi.Stream, a torch.cuda.Stream or a cupy
+    Stream."""
     for attribute in ("cuda_stream", "ptr"):
         if hasattr(stream, attribute):
             return int(getattr(stream, attribute))
-    return int(stream)
+    from .cuda_graph import Stream
+    if isinstance(stream, (numbers.Integral, Stream)):
+        return int(stream)
+    raise ArgumentTypeError(f"stream: expected a CUDA stream (a bitnet_ffi.Stream, a torch or CuPy "
+                            f"stream, or a cudaStream_t as an int), got {_type_name(stream)}")
 
 
-def prepare(named, stream=None, writes=()):
-    """Wraps each (name, obj) of ``named`` (None values pass through), checks that all live on one
-    device and that those named in ``writes`` are writable, and returns (arrays, device, stream
-    handle). Without an explicit stream, a GPU op runs on the current stream of the caller's
-    framework, so it orders with the caller's own work."""
-    arrays = {name: None if obj is None else as_array(obj, name) for name, obj in named.items()}
+def prepare(named, stream=None, writes=(), optional=()):
+    """Wraps each (name, obj) of ``named``, checks that all live on one device and that those
+    named in ``writes`` are writable, and returns (arrays, device, stream handle). Only the names in
+    ``optional`` may be None (and stay None). Without an explicit stream, a GPU op runs on the
+    current stream of the caller's framework, so it orders with the caller's own work."""
+    handle = None if stream is None else stream_handle(stream)  # checked on the CPU too
+    arrays = {}
+    for name, obj in named.items():
+        if obj is None and name not in optional:
+            raise ArgumentTypeError(f"{name}: expected an array, got None")
+        arrays[name] = None if obj is None else as_array(obj, name)
     for name in writes:  # C cannot tell, and writing a read-only memory map would crash
         a = arrays[name]
         if a is not None and a.kind == "numpy" and not a.obj.flags.writeable:
@@ -196,8 +240,8 @@ def prepare(named, stream=None, writes=()):
             raise InvalidArgumentError(f"arrays are on different devices: {where}")
     if device == CPU:
         return arrays, CPU, 0
-    if stream is not None:
-        return arrays, device, stream_handle(stream)
+    if handle is not None:
+        return arrays, device, handle
     return arrays, device, _framework_stream(present, device)
 
 
@@ -269,10 +313,14 @@ class DeviceArray:
         if dtype not in DTYPE_CODES:
             raise InvalidArgumentError(f"DeviceArray: dtype {dtype!r} is not one of "
                                        f"{', '.join(DTYPE_CODES)}")
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, (numbers.Integral, tuple, list)):
+            raise ArgumentTypeError(f"DeviceArray: shape must be an integer or a tuple of "
+                                    f"integers, got {shape!r}")
+        shape = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+        shape = tuple(integer(d, "DeviceArray: shape") for d in shape)
         if any(d < 0 for d in shape):
             raise InvalidArgumentError(f"DeviceArray: negative dimension in shape {list(shape)}")
-        self.shape, self.dtype, self.device = shape, dtype, int(device)
+        self.shape, self.dtype, self.device = shape, dtype, integer(device, "DeviceArray: device")
         self.nbytes = math.prod(shape) * ITEMSIZE[dtype]  # Python ints: no silent wrap-around
         if self.nbytes >= 1 << 63:
             raise InvalidArgumentError(f"DeviceArray: shape {list(shape)} of {dtype} is "

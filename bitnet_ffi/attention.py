@@ -47,7 +47,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     """
     arrays, device, handle = _arrays.prepare(
         {"q": q, "k": k, "v": v, "out": out, "workspace": workspace}, stream,
-        writes=("out", "workspace"))
+        writes=("out", "workspace"), optional=("out", "workspace"))
     qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
     B, Sq, Hq, D = qa.shape
     ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, None, None, D))
@@ -56,6 +56,8 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     if Hkv == 0 or Hq % Hkv:
         raise InvalidArgumentError(f"q has {Hq} heads, which is not a multiple of the {Hkv} "
                                    "heads of k and v")
+    if scale is not None:
+        scale = _arrays.number(scale, "scale")
     if scale is not None and not math.isfinite(scale):
         raise InvalidArgumentError(f"scale must be finite, got {scale}")
     lens = _seq_lens(seq_lens, qa, B, Sq, C, causal)
@@ -86,7 +88,9 @@ def attention_workspace_size(device, B, Sq, Hq, Hkv, D, C):
         from .device import resolve
         device = resolve(device)
     nbytes = _ffi.ffi.new("int64_t *")
-    _ffi.call("attention_workspace_size", int(device), B, Sq, Hq, Hkv, D, C, nbytes)
+    sizes = {"B": B, "Sq": Sq, "Hq": Hq, "Hkv": Hkv, "D": D, "C": C}
+    _ffi.call("attention_workspace_size", _arrays.integer(device, "device"),
+              *(_arrays.integer(value, name) for name, value in sizes.items()), nbytes)
     return nbytes[0]
 
 

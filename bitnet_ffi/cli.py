@@ -2,6 +2,7 @@
 2B4T decode through the library), generate (text from a real checkpoint)."""
 import argparse
 import json
+import os
 import sys
 
 from .device import select
@@ -10,6 +11,13 @@ from .errors import BitNetError
 
 def _gib(n):
     return f"{n / 2**30:.1f} GiB" if n else "-"
+
+
+def cpu_threads():
+    """The threads the CPU ops run on: OMP_NUM_THREADS where set, else the CPUs this process may
+    use (what libgomp takes by default)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else len(os.sched_getaffinity(0))
 
 
 def info(args):
@@ -25,12 +33,14 @@ def info(args):
                      f"{d.l2_cache_bytes // 2**20} MiB" if d.l2_cache_bytes else "-",
                      f"{d.peak_bandwidth_gbps:.0f}" if d.peak_bandwidth_gbps else "-",
                      d.driver_version or "-"))
-    rows.append(("cpu", "host CPU", "-", "-", "-", "-", "-", "-"))
+    from .ternary import cpu_isa
+    rows.append(("cpu", f"host CPU ({cpu_isa()}, {cpu_threads()} threads)", "-", "-", "-", "-",
+                 "-", "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     if selection.detection.no_gpu_reason:
-        print(f"no CUDA device: {selection.detection.no_gpu_reason}")
+        print(f"no GPU: {selection.detection.no_gpu_reason}")
     return 0
 
 
@@ -53,7 +63,14 @@ def main(argv=None):
     generate_parser.set_defaults(run=generate.main)
     args = parser.parse_args(argv)
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
     except (BitNetError, FileNotFoundError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (info | head -1): stop quietly. Python's own flush at exit would
+        # raise again, so stdout goes to /dev/null (the recipe of Python's signal docs).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -3,6 +3,8 @@ captures its decode step with these)."""
 import weakref
 
 from . import _ffi
+from ._arrays import integer
+from .errors import ArgumentTypeError
 
 
 def _handle(kind, device):
@@ -11,12 +13,18 @@ def _handle(kind, device):
     return out[0]
 
 
+def _stream(stream):
+    if not isinstance(stream, Stream):
+        raise ArgumentTypeError(f"stream: expected a bitnet_ffi.Stream, got {type(stream).__name__}")
+    return stream
+
+
 class Stream:
     """A non-blocking CUDA stream on `device`. ``int(stream)`` is its cudaStream_t, accepted by every
     op's ``stream=``."""
 
     def __init__(self, device=0):
-        self.device = int(device)
+        self.device = integer(device, "device")
         self.handle = _handle("stream", self.device)
         weakref.finalize(self, _ffi.lib().bitnet_stream_destroy, self.device, self.handle)
 
@@ -29,15 +37,17 @@ class Stream:
 
 class Event:
     def __init__(self, device=0):
-        self.device = int(device)
+        self.device = integer(device, "device")
         self.handle = _handle("event", self.device)
         weakref.finalize(self, _ffi.lib().bitnet_event_destroy, self.device, self.handle)
 
     def record(self, stream):
-        _ffi.call("event_record", self.handle, stream.handle)
+        _ffi.call("event_record", self.handle, _stream(stream).handle)
 
     def elapsed_ms(self, end):
         """Milliseconds from this event to `end` (waits for `end`)."""
+        if not isinstance(end, Event):
+            raise ArgumentTypeError(f"end: expected a bitnet_ffi.Event, got {type(end).__name__}")
         ms = _ffi.ffi.new("float *")
         _ffi.call("event_elapsed_ms", self.handle, end.handle, ms)
         return ms[0]
@@ -52,7 +62,7 @@ class Graph:
     """
 
     def __init__(self, stream):
-        self.stream = stream
+        self.stream = _stream(stream)
         self.handle = None
 
     @classmethod

@@ -1,32 +1,41 @@
 """python -m bitnet_ffi demo: BitNet b1.58 2B4T shapes, prefill then greedy decode through libbitnet,
 with a per-op time breakdown, bandwidth, and the same model in PyTorch bf16 beside it on a GPU."""
+import argparse
 import json
 import sys
 import time
 
 import numpy as np
+from tqdm import tqdm
 
 from . import _arrays
 from .device import resolve, select
-from .errors import InvalidArgumentError
+from .errors import NoDeviceError
 from .model import BITNET_2B4T, TINY, Config, Session, random_weights
 
 CPU_DEFAULT_LAYERS = 4
 TIMED_REPLAYS = 20
+# Seconds between a bar's updates where stderr is not a terminal (a log gets a line each time).
+LOG_INTERVAL = 5.0
 
 
-def progress(label):
-    """A progress bar on stderr: progress(label)(done, total). Redrawn in place on a terminal;
-    elsewhere (a log) written once, when done."""
-    def show(done, total):
-        if not sys.stderr.isatty() and done != total:
-            return
-        filled = 30 * done // total
-        sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+def progress(label, total, unit="layer"):
+    """A tqdm bar on stderr, started now: progress(label, total)(done, total). Redrawn in place on
+    a terminal; in a log (stderr not a terminal) a new line at most every LOG_INTERVAL seconds and
+    at the end, so that a long run shows that it moves."""
+    tty = sys.stderr.isatty()
+    bar = tqdm(total=total, desc=label, unit=unit, file=sys.stderr, dynamic_ncols=tty,
+               mininterval=0.1 if tty else LOG_INTERVAL, ascii=not tty)
+
+    def show(done, _total):
+        bar.update(done - bar.n)
+        if done == bar.total:
+            bar.close()
     return show
+
+
+def plural(count, noun):
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 class Clock:
@@ -46,13 +55,9 @@ class Clock:
 
 
 def op_breakdown(session):
-    """Milliseconds per op kind of one decode step: on a GPU, each kind's ops captured alone and
-    replayed; on the CPU, the wall time of each op in one step."""
-    if session.stream is None:
-        session.times = {}
-        session.decode()
-        times, session.times = session.times, None
-        return {kind: 1e3 * t for kind, t in times.items()}
+    """Milliseconds per op kind of one decode step on a GPU: each kind's ops captured alone and
+    replayed, as the whole step is timed. (On the CPU the timed decode steps record their ops'
+    wall time themselves: run().)"""
     saved = session.download(session.positions).copy(), session.download(session.seq_lens).copy()
     breakdown = {}
     for kind in Session.KINDS:
@@ -72,10 +77,6 @@ def step_bytes(config, batch, context):
 
 
 def run(args):
-    for name in ("layers", "prompt_len", "tokens", "batch"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     selection = select(args.device)
     device = resolve(args.device)
     report = {"tool": "demo", "summary": selection.summary(), "device": selection.selected}
@@ -86,6 +87,7 @@ def run(args):
         from .generate import Model
         weights = Model.load(args.model, device).weights
         config, layers = weights.config, weights.config.layers
+        reduced = ""
         say(f"weights: {args.model} loaded in {time.perf_counter() - start:.1f} s")
     else:
         layers = args.layers or (BITNET_2B4T.layers if device != _arrays.CPU
@@ -93,9 +95,11 @@ def run(args):
         if device == _arrays.CPU and not args.layers:
             say(f"CPU run: {layers} of the {BITNET_2B4T.layers} layers by default (--layers to "
                 "change)")
+        reduced = (f" for this {layers}-layer model, not the full {BITNET_2B4T.layers}"
+                   if layers != BITNET_2B4T.layers else "")
         config = Config(**{**BITNET_2B4T.__dict__, "layers": layers})
-        weights = random_weights(config, device, args.seed, progress("quantizing layers"))
-        say(f"weights: {layers} layers quantized by quantize_i2s in "
+        weights = random_weights(config, device, args.seed, progress("quantizing layers", layers))
+        say(f"weights: {plural(layers, 'layer')} quantized by quantize_i2s in "
             f"{time.perf_counter() - start:.1f} s")
     context = args.prompt_len + args.tokens
     report.update(layers=layers, batch=args.batch, prompt_len=args.prompt_len, tokens=args.tokens)
@@ -104,17 +108,22 @@ def run(args):
                                                            (args.batch, args.prompt_len))
     if device != _arrays.CPU:
         session.prefill(prompt)  # warm-up: module loading and first launches stay out of the time
+    # The GPU queues a layer's work in microseconds: a bar there would only show the queueing.
+    bar = progress("prefill", layers) if device == _arrays.CPU else None
     with Clock(session) as clock:
-        tokens = [session.prefill(prompt)]
+        tokens = [session.prefill(prompt, progress=bar)]
     report["prefill_tokens_per_s"] = args.batch * args.prompt_len / clock.seconds
     say(f"prefill: {args.batch}x{args.prompt_len} tokens in {1e3 * clock.seconds:.1f} ms "
-        f"({report['prefill_tokens_per_s']:.0f} tokens/s)")
+        f"({report['prefill_tokens_per_s']:.0f} tokens/s{reduced})")
 
-    bar = progress("decoding")
+    steps = args.tokens - 1  # the first token came from the prefill
+    bar = progress("decoding", steps, unit="step")
+    if session.stream is None:
+        session.times = {}  # every timed step adds its ops' wall time: the per-op table's source
     with Clock(session) as clock:
-        for step in range(args.tokens - 1):
+        for step in range(steps):
             tokens.append(session.decode())
-            bar(step + 1, args.tokens - 1)
+            bar(step + 1, steps)
     generated = np.stack(tokens, axis=1)
     report["tokens_first_sequence"] = generated[0].tolist()
     say(f"greedy tokens of sequence 0: {generated[0][:16].tolist()}"
@@ -123,15 +132,19 @@ def run(args):
     if session.stream is not None:
         step_ms = session.graph.time_ms(TIMED_REPLAYS)
         method = "CUDA graph replays, device time"
-    else:
-        step_ms = 1e3 * clock.seconds / max(1, args.tokens - 1)
-        method = "wall time per step"
+        op_ms = op_breakdown(session)
+    else:  # the same steps give the step time and the per-op times
+        step_ms = 1e3 * clock.seconds / steps
+        method = f"wall time, mean of {plural(steps, 'step')}"
+        op_ms = {kind: 1e3 * seconds / steps for kind, seconds in session.times.items()}
+        session.times = None
     gbps = step_bytes(config, args.batch, context) / (step_ms * 1e-3) / 1e9
     report.update(decode_ms_per_token=step_ms, decode_tokens_per_s=args.batch * 1e3 / step_ms,
-                  decode_gbps=gbps, timing=method, op_ms=op_breakdown(session))
+                  decode_gbps=gbps, timing=method, op_ms=op_ms)
     say(f"decode: {step_ms:.3f} ms per step ({method}), {report['decode_tokens_per_s']:.1f} "
-        f"tokens/s, {gbps:.0f} GB/s of weights and KV cache read")
-    say("per-op time of one decode step:")
+        f"tokens/s{reduced}, {gbps:.0f} GB/s of weights and KV cache read")
+    say("per-op time of one decode step (same steps):" if session.stream is None else
+        "per-op time of one decode step (each op kind captured and replayed alone):")
     for kind, ms in report["op_ms"].items():
         say(f"  {kind:18s} {ms:8.3f} ms  {100 * ms / step_ms:5.1f}%")
 
@@ -170,7 +183,13 @@ def check(args):
     """The reduced model on the CPU, then on the GPU fed the CPU's tokens (teacher forcing), so
     that every step's logits compare (see CHECK_BOUND); the GPU's greedy picks must equal the CPU's
     wherever the logits agree."""
-    gpu = resolve(args.device if args.device not in (None, "auto") else "cuda")
+    needs = "--check compares the GPU with the CPU, so it needs a CUDA GPU"
+    try:
+        gpu = resolve(args.device if args.device not in (None, "auto") else "cuda")
+    except NoDeviceError as exc:
+        raise NoDeviceError(f"{needs}: {exc}") from None
+    if gpu == _arrays.CPU:
+        raise NoDeviceError(f"{needs}; --device {args.device} is the CPU")
     prompt = np.random.default_rng(args.seed + 1).integers(0, TINY.vocab, (2, 9))
     runs = {}
     for device in (_arrays.CPU, gpu):
@@ -194,20 +213,42 @@ def check(args):
     return 0 if passed else 1
 
 
+def at_least(low):
+    """An argparse type: an int >= low (argparse reports anything else as a usage error)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
 def add_arguments(parser):
-    parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    parser.add_argument("--device",
+                        help="auto, cpu, cuda or cuda:N (default: BITNET_DEVICE, else auto)")
     parser.add_argument("--model", help="a checkpoint (model directory or .gguf) instead of "
                                         "random weights")
-    parser.add_argument("--layers", type=int, help=f"layers (default: 30 on a GPU, "
-                                                   f"{CPU_DEFAULT_LAYERS} on the CPU)")
-    parser.add_argument("--prompt-len", type=int, default=960)
-    parser.add_argument("--tokens", type=int, default=64, help="tokens to generate per sequence")
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--layers", type=at_least(1),
+                        help=f"layers of the model (default: {BITNET_2B4T.layers}, the full model, on "
+                             f"a GPU; {CPU_DEFAULT_LAYERS} on the CPU)")
+    parser.add_argument("--prompt-len", type=at_least(1), default=960,
+                        help="prompt tokens per sequence, the prefill (default: %(default)s)")
+    parser.add_argument("--tokens", type=at_least(2), default=64,
+                        help="tokens to generate per sequence, at least 2: the first from the "
+                             "prefill, the others from the timed decode steps (default: "
+                             "%(default)s)")
+    parser.add_argument("--batch", type=at_least(1), default=1,
+                        help="sequences decoded together (default: %(default)s)")
+    parser.add_argument("--seed", type=at_least(0), default=0,
+                        help="seed of the random weights and prompt (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     parser.add_argument("--check", action="store_true",
-                        help="compare the GPU with the CPU on a reduced model; PASS or FAIL")
+                        help="compare the GPU with the CPU on a reduced model; PASS or FAIL "
+                             "(needs a CUDA GPU)")
 
 
 def main(args):

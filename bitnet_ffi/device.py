@@ -7,17 +7,20 @@ Rules:
 - BITNET_GPU_FAKE mocks detection: a case-insensitive list split on commas, semicolons or spaces of
   cuda, rocm, metal (gpu means cuda); "", none and 0 mean no fake. Fakes are added after the real
   devices and marked fake everywhere. A fake never runs a kernel.
-- BITNET_STRICT_MODE=1 ignores the fake entirely; BITNET_STRICT_NO_FAKE_GPU=1 with a fake set is an
-  error.
-- BITNET_DEVICE = auto (default) | cpu | cuda | cuda:N. auto picks the first real GPU, else the CPU
-  (saying so when a fake GPU was passed over). cuda where none exists is an error.
+- BITNET_STRICT_MODE=1 ignores the fake, and says so (a warning, and a note in info);
+  BITNET_STRICT_NO_FAKE_GPU=1 with a fake set is an error.
+- BITNET_DEVICE = auto (default) | cpu | cuda | cuda:N (gpu and gpu:N mean the same, as in
+  BITNET_GPU_FAKE). auto picks the first real GPU, else the CPU (saying so when a fake GPU was
+  passed over). cuda where none exists is an error.
 """
+import numbers
 import os
 import re
+import warnings
 from dataclasses import asdict, dataclass, field
 
 from . import _ffi
-from .errors import ConfigurationError, NoDeviceError
+from .errors import ArgumentTypeError, ConfigurationError, NoDeviceError
 
 FAKE_BACKENDS = ("cuda", "rocm", "metal")
 FAKE_ALIASES = {"gpu": "cuda"}
@@ -63,13 +66,22 @@ class Detection:
     strict: bool
     no_gpu_reason: str = ""
     backends: list = field(default_factory=list)
+    ignored_fake: str = ""  # the BITNET_GPU_FAKE value that strict mode ignored
 
-    def summary_detected(self):
-        """detected=[cuda,cpu], a backend seen only through BITNET_GPU_FAKE shown as cuda(fake)."""
+    def labels(self):
+        """The backends, one seen only through BITNET_GPU_FAKE marked: ["cuda(fake)", "cpu"]."""
         def label(backend):
             only_fake = all(d.fake for d in self.devices if d.backend == backend)
             return backend + ("(fake)" if backend != "cpu" and only_fake else "")
-        return "detected=[" + ",".join(map(label, self.backends)) + "]"
+        return [label(backend) for backend in self.backends]
+
+    def summary_detected(self):
+        """detected=[cuda,cpu], a backend seen only through BITNET_GPU_FAKE shown as cuda(fake)."""
+        return "detected=[" + ",".join(self.labels()) + "]"
+
+    def strict_note(self):
+        return (f"BITNET_STRICT_MODE=1 ignores BITNET_GPU_FAKE={self.ignored_fake!r}"
+                if self.ignored_fake else "")
 
 
 @dataclass
@@ -81,16 +93,19 @@ class Selection:
     detection: Detection
     note: str = ""
 
+    def notes(self):
+        return "; ".join(filter(None, (self.note, self.detection.strict_note())))
+
     def summary(self):
         line = (f"requested={self.requested} {self.detection.summary_detected()} "
                 f"selected={self.selected}" + (" (fake)" if self.fake else ""))
-        return line + (f" note: {self.note}" if self.note else "")
+        return line + (f" note: {self.notes()}" if self.notes() else "")
 
     def to_json(self):
         return {"requested": self.requested, "selected": self.selected,
                 "fake": self.detection.fake, "selected_is_fake": self.fake,
-                "strict": self.detection.strict, "detected": self.detection.backends,
-                "note": self.note, "no_gpu_reason": self.detection.no_gpu_reason,
+                "strict": self.detection.strict, "detected": self.detection.labels(),
+                "note": self.notes(), "no_gpu_reason": self.detection.no_gpu_reason,
                 "devices": [asdict(d) | {"label": d.label} for d in self.detection.devices]}
 
 
@@ -177,8 +192,10 @@ def detect():
         raise ConfigurationError(
             f"BITNET_GPU_FAKE={os.environ['BITNET_GPU_FAKE']!r} is set, but "
             f"BITNET_STRICT_NO_FAKE_GPU=1 forbids fake GPUs")
-    if strict:
-        fake_backends = []
+    ignored = ""
+    if strict and fake_backends:
+        ignored, fake_backends = os.environ["BITNET_GPU_FAKE"], []
+        warnings.warn(f"BITNET_STRICT_MODE=1 ignores BITNET_GPU_FAKE={ignored!r}", stacklevel=2)
     devices, reason = _real_devices()
     for backend in fake_backends:
         index = sum(d.backend == backend for d in devices)
@@ -189,12 +206,15 @@ def detect():
         if d.backend not in backends:
             backends.append(d.backend)
     return Detection(devices=devices, fake=bool(fake_backends), strict=strict,
-                     no_gpu_reason=reason, backends=backends + ["cpu"])
+                     no_gpu_reason=reason, backends=backends + ["cpu"], ignored_fake=ignored)
 
 
 def select(requested=None):
     """Applies BITNET_DEVICE (or `requested`) to the detection."""
     source = "device" if requested else "BITNET_DEVICE"
+    if requested is not None and not isinstance(requested, str):
+        raise ArgumentTypeError(f"device: expected a name (auto, cpu, cuda, cuda:N) or an index, "
+                                f"got {requested!r}")
     requested = (requested or os.environ.get("BITNET_DEVICE") or "auto").strip().lower()
     detection = detect()
     cuda = [d for d in detection.devices if d.backend == "cuda"]
@@ -207,9 +227,10 @@ def select(requested=None):
         return Selection(requested, "cpu", -1, False, detection, note)
     if requested == "cpu":
         return Selection(requested, "cpu", -1, False, detection)
-    match = re.fullmatch(r"cuda(?::(\d+))?", requested)
+    match = re.fullmatch(r"(?:cuda|gpu)(?::(\d+))?", requested)
     if not match:
-        raise ConfigurationError(f"{source}={requested!r}: expected auto, cpu, cuda or cuda:N")
+        raise ConfigurationError(f"{source}={requested!r}: expected auto, cpu, cuda or cuda:N "
+                                 f"(gpu, gpu:N)")
     index = int(match.group(1) or 0)
     for d in cuda:
         if d.index == index:
@@ -224,8 +245,8 @@ def resolve(device=None):
     """The device index an op or a transfer should use for `device` ("cpu", "cuda", "cuda:N",
     "auto", an int, or None for BITNET_DEVICE): -1 for the CPU. A fake GPU raises NoDeviceError,
     except under auto, which has already fallen back to the CPU."""
-    if isinstance(device, int):
-        device = "cpu" if device < 0 else f"cuda:{device}"
+    if isinstance(device, numbers.Integral):
+        device = "cpu" if device < 0 else f"cuda:{int(device)}"
     selection = select(device)
     if selection.fake:
         raise NoDeviceError(f"{selection.selected} is a fake GPU (BITNET_GPU_FAKE) and cannot run "

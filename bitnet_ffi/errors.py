@@ -18,6 +18,12 @@ class InvalidArgumentError(BitNetError, ValueError):
     status = 1
 
 
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type: None or another object where an array is expected, a float
+    where an integer is, a single number where a sequence is. A TypeError by Python's convention,
+    and an InvalidArgumentError too, so that code catching that keeps working."""
+
+
 class UnsupportedError(BitNetError, NotImplementedError):
     """Valid, but not implemented for this shape, dtype or backend (BITNET_ERR_UNSUPPORTED)."""
 

@@ -25,7 +25,7 @@ def gemv_bf16(w, x, out_dtype="float32", out=None, stream=None):
     y : array [N, M] (or [M] for 1-D x)
     """
     arrays, device, handle = _arrays.prepare({"w": w, "x": x, "out": out}, stream,
-                                             writes=("out",))
+                                             writes=("out",), optional=("out",))
     wa = _arrays.check(arrays["w"], "w", "bfloat16", (None, None))
     M, K = wa.shape
     xa = arrays["x"]
@@ -54,7 +54,8 @@ def argmax(x, out=None, stream=None):
     -------
     index : int32 array [N] (or a 0-d array for 1-D x)
     """
-    arrays, device, handle = _arrays.prepare({"x": x, "out": out}, stream, writes=("out",))
+    arrays, device, handle = _arrays.prepare({"x": x, "out": out}, stream, writes=("out",),
+                                             optional=("out",))
     xa = arrays["x"]
     N, M, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", "float32", (*lead, M))
@@ -95,7 +96,7 @@ def embedding(table, ids, out=None, stream=None):
             raise InvalidArgumentError(f"ids[{bad[0]}] = {host[bad[0]]} is outside [0, {V})")
         ids = _arrays.upload_int32(host, tab, "ids")
     arrays, device, handle = _arrays.prepare({"table": tab, "ids": ids, "out": out}, stream,
-                                             writes=("out",))
+                                             writes=("out",), optional=("out",))
     ia = _arrays.check(arrays["ids"], "ids", "int32", (None,))
     N = ia.shape[0]
     if out is None:
@@ -112,6 +113,6 @@ def add_int32(x, delta, stream=None):
     and lengths of a captured decode step between replays."""
     arrays, device, handle = _arrays.prepare({"x": x}, stream, writes=("x",))
     xa = _arrays.check(arrays["x"], "x", "int32", (None,) * len(arrays["x"].shape))
-    _ffi.call("add_int32", device, xa.cptr("int32_t *"), xa.size, int(delta),
+    _ffi.call("add_int32", device, xa.cptr("int32_t *"), xa.size, _arrays.integer(delta, "delta"),
               _ffi.ffi.cast("void *", handle))
     return x

@@ -49,6 +49,7 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
     kc = _arrays.check(arrays["k_cache"], "k_cache", qa.dtype, (B, None, Hkv, D))
     C = kc.shape[1]
     _arrays.check(arrays["v_cache"], "v_cache", qa.dtype, (B, C, Hkv, D))
+    theta = _arrays.number(theta, "theta")
     if not (math.isfinite(theta) and theta > 1):
         raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
     if isinstance(positions, (list, tuple, np.ndarray)):
@@ -89,7 +90,7 @@ def relu2_gate(gate_up, out=None, stream=None):
     out
     """
     arrays, device, handle = _arrays.prepare({"gate_up": gate_up, "out": out}, stream,
-                                             writes=("out",))
+                                             writes=("out",), optional=("out",))
     ga = arrays["gate_up"]
     if len(ga.shape) == 0 or ga.shape[-1] % 2:
         raise InvalidArgumentError(f"gate_up: expected shape [..., 2F], got {list(ga.shape)}")

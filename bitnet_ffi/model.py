@@ -211,9 +211,10 @@ class Session:
     def project(self, weights, x_q, x_s, out):
         self.op("gemv_w2a8", gemv_w2a8, weights, x_q, x_s, out_dtype=BF16, out=out)
 
-    def forward(self, b, steps):
+    def forward(self, b, steps, progress=None):
         """One pass of every layer over `steps` tokens per sequence whose ids are in b["ids"];
-        writes the greedy next token of each sequence to b["next"]."""
+        writes the greedy next token of each sequence to b["next"]. progress(done, total) is called
+        after each layer's ops are issued."""
         c, w = self.config, self.w
         N = self.batch * steps
         self.op("embedding", embedding, w.embedding, b["ids"], out=b["h"])
@@ -237,6 +238,8 @@ class Session:
             g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
             self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
+            if progress:
+                progress(index + 1, len(w.layers))
         self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
                 out=b["y"])
         last = b["y"]
@@ -270,16 +273,17 @@ class Session:
             self.project(part, x_q, x_s, out)
             start += rows
 
-    def prefill(self, prompt, lengths=None):
+    def prefill(self, prompt, lengths=None, progress=None):
         """Starts every sequence afresh with a [batch, P] prompt (row b's first lengths[b] ids,
-        all P by default); returns the next token of each sequence."""
+        all P by default); returns the next token of each sequence. progress: as forward's."""
         self.upload(np.zeros(self.batch, dtype=np.int32), self.positions)
-        return self.extend(prompt, lengths)
+        return self.extend(prompt, lengths, progress)
 
-    def extend(self, ids, lengths=None):
+    def extend(self, ids, lengths=None, progress=None):
         """Appends a [batch, T] block of ids (row b's first lengths[b]) to every sequence at its
         position and returns the next token of each (argmax, or drawn as set_sampling says).
-        Rows are right-padded: a padding token's cache row is overwritten by the next step."""
+        Rows are right-padded: a padding token's cache row is overwritten by the next step.
+        progress: as forward's."""
         ids = np.asarray(ids, dtype=np.int32)
         steps = ids.shape[1]
         lengths = np.full(self.batch, steps) if lengths is None else np.asarray(lengths)
@@ -296,7 +300,7 @@ class Session:
         if steps > 1:
             self.upload(np.arange(self.batch) * steps + lengths - 1, b["last_rows"])
         self.upload(start + steps, self.seq_lens)
-        self.forward(b, steps)
+        self.forward(b, steps, progress)
         self.synchronize()
         self.upload(start + lengths, self.positions)
         self.upload(start + lengths + 1, self.seq_lens)

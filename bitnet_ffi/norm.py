@@ -61,7 +61,8 @@ def rmsnorm_quantize(x, weight, eps=1e-5, residual=None, out=None, y_out=None, s
         scales = 127 / max(max(|y|, axis=-1), 1e-5)      (float32)
         y_q = clip(rint(y * scales[..., None]), -128, 127)
 
-    With ``residual``, first ``residual += x`` in place and the stored residual is normalized.
+    With ``residual``, first ``residual += x`` in place and the stored residual is normalized. A row
+    with a y that is not finite (a NaN or inf input) gets the scale NaN and codes -128.
 
     Parameters
     ----------
@@ -127,7 +128,8 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     y_name = "y_out" if quantize else "out"  # the parameter y comes from
     arrays, device, handle = _arrays.prepare(
         {name: x, "weight": weight, "residual": residual, y_name: y, "y_q": y_q, "scales": scales},
-        stream, writes=("residual", y_name, "y_q", "scales"))
+        stream, writes=("residual", y_name, "y_q", "scales"),
+        optional=("residual", y_name, "y_q", "scales"))
     xa = arrays[name]
     if len(xa.shape) == 0:
         raise InvalidArgumentError(f"{name}: expected an array [..., {'2F' if gated else 'H'}], "
@@ -158,7 +160,7 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     def pointer(name, ctype="void *"):
         return _ffi.ffi.NULL if arrays[name] is None else arrays[name].cptr(ctype)
 
-    outputs = (arrays["weight"].cptr(), float(eps), pointer(y_name), pointer("y_q", "int8_t *"),
+    outputs = (arrays["weight"].cptr(), _arrays.number(eps, "eps"), pointer(y_name), pointer("y_q", "int8_t *"),
                pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
     if gated:
         _ffi.call("relu2_rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), *outputs)

@@ -1,12 +1,12 @@
 """Ternary (1.58-bit) weights and the W2A8 GEMV: quantize_i2s, pack_ternary, quantize_a8 and
 gemv_w2a8. The packed layout and the exact rounding rules are in docs/weight_format.md."""
-import operator
+import numbers
 
 import numpy as np
 
 from . import _arrays, _ffi
 from ._arrays import CPU, DTYPE_CODES, FLOAT_DTYPES, DeviceArray
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError
 
 OUT_DTYPES = ("float32", "float16", "bfloat16", "int32")
 
@@ -79,8 +79,11 @@ def _copy(obj, target):
 def _scales_like(reference, scales, M):
     """Per-row float32 scales on the reference array's device from a scalar, a sequence or an
     array; an array already on that device is used as is (after checks)."""
-    if np.isscalar(scales) or isinstance(scales, (list, tuple)):
-        values = np.asarray(scales, dtype=np.float32)
+    if isinstance(scales, (numbers.Real, list, tuple)):
+        try:
+            values = np.asarray(scales, dtype=np.float32)
+        except (TypeError, ValueError):
+            raise ArgumentTypeError(f"scales: expected numbers, got {scales!r}") from None
         if values.ndim > 1 or values.size not in (1, M):
             raise InvalidArgumentError(f"scales: expected a scalar or {M} values (one per row), "
                                        f"got shape {list(values.shape)}")
@@ -104,7 +107,9 @@ def quantize_i2s(w, row_segments=None, stream=None):
     """Ternary quantization of a weight matrix, BitNet b1.58 style (absmean).
 
     ``scale = mean(|W|)`` over the tensor or over each row segment (float64 sum, float32 result,
-    floored at 1e-5); ``W_q = clamp(rint(w / scale), -1, 1)`` in float32 arithmetic.
+    floored at 1e-5); ``W_q = clamp(rint(w / scale), -1, 1)`` in float32 arithmetic. w must be
+    finite: a NaN or inf raises InvalidArgumentError naming the first one (on a GPU the check waits
+    for the stream).
 
     Parameters
     ----------
@@ -123,11 +128,13 @@ def quantize_i2s(w, row_segments=None, stream=None):
     segments = _ffi.ffi.NULL
     n_segments = 0
     if row_segments is not None:
-        try:
-            counts = [operator.index(c) for c in row_segments]
-        except TypeError:
-            raise InvalidArgumentError(f"row_segments must be integer row counts, got "
-                                       f"{list(row_segments)!r}") from None
+        if not isinstance(row_segments, (list, tuple, np.ndarray)):
+            raise ArgumentTypeError(f"row_segments must be a sequence of integer row counts, got "
+                                    f"{row_segments!r}")
+        counts = list(row_segments)
+        if not all(isinstance(c, numbers.Integral) for c in counts):  # never truncated
+            raise ArgumentTypeError(f"row_segments must be integer row counts, got {counts!r}")
+        counts = [int(c) for c in counts]
         if not counts or min(counts) < 1 or sum(counts) != M:
             raise InvalidArgumentError(f"row_segments {counts} must be positive row counts "
                                        f"summing to M = {M}")
@@ -167,6 +174,7 @@ def quantize_a8(x, out=None, stream=None):
     """Per-token absmax int8 quantization of activations.
 
     ``s = 127 / max(max|x[n]|, 1e-5)``, ``x_q = clamp(rint(x * s), -128, 127)``, in float32.
+    A token holding a NaN or inf gets ``s = NaN`` and codes -128, so gemv_w2a8 gives NaN for it.
 
     Parameters
     ----------
@@ -181,7 +189,7 @@ def quantize_a8(x, out=None, stream=None):
         raise InvalidArgumentError("out: expected a pair (x_q, s)")
     x_q, s = out if out is not None else (None, None)
     arrays, device, handle = _arrays.prepare({"x": x, "x_q": x_q, "s": s}, stream,
-                                             writes=("x_q", "s"))
+                                             writes=("x_q", "s"), optional=("x_q", "s"))
     xa = arrays["x"]
     N, K, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", FLOAT_DTYPES, (*lead, K))
@@ -215,14 +223,14 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     y : array [N, M] ([M] for 1-D x_q)
     """
     if not isinstance(w, TernaryWeights):
-        raise InvalidArgumentError(f"w: expected TernaryWeights (from quantize_i2s or "
+        raise ArgumentTypeError(f"w: expected TernaryWeights (from quantize_i2s or "
                                    f"pack_ternary), got {type(w).__name__}")
     if out_dtype not in OUT_DTYPES:
         raise InvalidArgumentError(f"out_dtype must be one of {', '.join(OUT_DTYPES)}, "
                                    f"got {out_dtype!r}")
     arrays, device, handle = _arrays.prepare(
         {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "out": out}, stream,
-        writes=("out",))
+        writes=("out",), optional=("out",))
     M, K = w.shape
     xa = arrays["x_q"]
     N, _, lead = _arrays.tokens(xa.shape, "x_q")

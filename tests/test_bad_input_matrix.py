@@ -11,6 +11,7 @@ and overflowing sizes (count * element size > 2^63), dtype and enum values outsi
 unsupported, mismatched shapes, NaN / infinite scalars (eps, scale, theta), device indices that are
 negative or past the last device, a CPU op given device memory, and out-of-range index contents
 (ids, positions, seq_lens)."""
+import inspect
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import pytest
 
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays, _ffi
-from bitnet_ffi.errors import InvalidArgumentError, NoDeviceError, UnsupportedError
+from bitnet_ffi.errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError, UnsupportedError
 
 ffi = _ffi.ffi
 OK, INVALID, UNSUPPORTED, NO_DEVICE = 0, 1, 2, 3
@@ -887,6 +888,59 @@ def python_cases(rng):
          "not a CUDA device index", []),
         ("not an array", lambda: bn.argmax([1.0, 2.0]), InvalidArgumentError,
          "expected a numpy array", []),
+        # Wrong types: ArgumentTypeError, a TypeError (and an InvalidArgumentError), never a bare
+        # IndexError / AttributeError / TypeError from inside the package, nothing written.
+        ("quantize_a8 None", lambda: bn.quantize_a8(None), ArgumentTypeError,
+         "x: expected an array, got None", []),
+        ("gemv_w2a8 x_q and s None", lambda: bn.gemv_w2a8(tw, None, None, out=gy),
+         ArgumentTypeError, "x_q: expected an array, got None", [gy]),
+        ("rmsnorm weight None", lambda: bn.rmsnorm(x, None, out=y), ArgumentTypeError,
+         "weight: expected an array, got None", [y]),
+        ("embedding table None", lambda: bn.embedding(None, [0]), ArgumentTypeError,
+         "table: expected a numpy array", []),
+        ("relu2_gate a list", lambda: bn.relu2_gate([[1.0, 2.0]]), ArgumentTypeError,
+         "got list; pass np.asarray(gate_up)", []),
+        ("quantize_a8 a float", lambda: bn.quantize_a8(1.5), ArgumentTypeError,
+         "x: expected a numpy array", []),
+        ("quantize_i2s row_segments an int", lambda: bn.quantize_i2s(wt, row_segments=3),
+         ArgumentTypeError, "row_segments must be a sequence of integer row counts, got 3", []),
+        ("quantize_i2s row_segments floats", lambda: bn.quantize_i2s(wt, row_segments=[1.5, 1.5]),
+         ArgumentTypeError, "row_segments must be integer row counts", []),
+        ("pack_ternary scales None", lambda: bn.pack_ternary(bad_w_q.clip(-1, 1), None),
+         ArgumentTypeError, "scales: expected a numpy array", []),
+        ("pack_ternary scales text", lambda: bn.pack_ternary(bad_w_q.clip(-1, 1), "1"),
+         ArgumentTypeError, "scales: expected a numpy array", []),
+        ("gemv_w2a8 w an array", lambda: bn.gemv_w2a8(wt, x_q, x_s, out=gy), ArgumentTypeError,
+         "w: expected TernaryWeights", [gy]),
+        ("add_int32 float delta", lambda: bn.add_int32(counter, 1.7), ArgumentTypeError,
+         "delta: expected an integer, got 1.7 (float)", [counter]),
+        ("add_int32 integral float delta", lambda: bn.add_int32(counter, 2.0), ArgumentTypeError,
+         "delta: expected an integer, got 2.0", [counter]),
+        ("rmsnorm eps None", lambda: bn.rmsnorm(x, w, eps=None, out=y), ArgumentTypeError,
+         "eps: expected a number, got None", [y]),
+        ("rmsnorm_quantize eps text", lambda: bn.rmsnorm_quantize(x, w, eps="1e-5"),
+         ArgumentTypeError, "eps: expected a number, got '1e-5'", []),
+        ("attention scale text", lambda: bn.attention(q, kv, kv, scale="0.1", out=att_out),
+         ArgumentTypeError, "scale: expected a number", [att_out]),
+        ("rope theta None", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3], theta=None),
+         ArgumentTypeError, "theta: expected a number", [rq, cache]),
+        ("op stream text", lambda: bn.quantize_a8(wt, stream="default"), ArgumentTypeError,
+         "stream: expected a CUDA stream", []),
+        ("attention_workspace_size float size",
+         lambda: bn.attention_workspace_size(-1, 1, 1.5, 4, 2, 64, 5), ArgumentTypeError,
+         "Sq: expected an integer, got 1.5", []),
+        ("device_synchronize float device", lambda: bn.device_synchronize(0.5), ArgumentTypeError,
+         "device: expected an integer", []),
+        ("resolve float device", lambda: bn.resolve(0.5), ArgumentTypeError,
+         "device: expected a name", []),
+        ("DeviceArray float shape", lambda: bn.DeviceArray((2.5,), "float32", 0), ArgumentTypeError,
+         "DeviceArray: shape: expected an integer, got 2.5", []),
+        ("DeviceArray text shape", lambda: bn.DeviceArray("4", "float32", 0), ArgumentTypeError,
+         "shape must be an integer or a tuple of integers", []),
+        ("Stream float device", lambda: bn.Stream(0.5), ArgumentTypeError,
+         "device: expected an integer", []),
+        ("Graph of an int", lambda: bn.Graph(3), ArgumentTypeError,
+         "stream: expected a bitnet_ffi.Stream, got int", []),
     ]
 
 
@@ -903,6 +957,29 @@ def test_python_api_rejects(name, rng):
         function()
     assert fragment in str(raised.value)
     assert [a.tobytes() for a in untouched] == before, "an output was written"
+
+
+def public_callables():
+    for name in bn.__all__:
+        item = getattr(bn, name)
+        if callable(item) and not (inspect.isclass(item) and issubclass(item, BaseException)):
+            yield name, item
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name,function", list(public_callables()))
+def test_python_api_none_for_any_argument_is_a_bitnet_error(name, function):
+    """Every public function and class called with None for its required positional parameters,
+    then for all of them: a BitNetError, or a normal return where None means a default (detect,
+    select, resolve); never an exception from inside the package (IndexError, AttributeError)."""
+    parameters = [p for p in inspect.signature(function).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in parameters if p.default is inspect.Parameter.empty]
+    for count in sorted({len(required), len(parameters)}):
+        try:
+            function(*[None] * count)
+        except bn.BitNetError:
+            pass
 
 
 @pytest.mark.cpu
@@ -1010,3 +1087,22 @@ def test_gpu_python_api_rejects_host_and_mixed_memory(rng):
 def test_gpu_device_array_with_an_overflowing_shape_is_refused():
     with pytest.raises(InvalidArgumentError, match="more than a 64-bit size holds"):
         bn.DeviceArray((1 << 32, 1 << 32), "uint8", 0)
+
+
+@pytest.mark.cpu
+def test_torch_objects_that_are_not_plain_tensors_are_refused(rng):
+    """A torch module passed as an array is an ArgumentTypeError; a lazily negated view
+    (x._neg_view(), whose memory holds -x) is refused rather than read without its sign; a
+    conjugate view is complex, a dtype no op takes. CPU torch tensors: skipped where torch is not
+    installed (CI has none)."""
+    torch = pytest.importorskip("torch", reason="needs torch (CPU tensors are enough)")
+    x = torch.from_numpy(f32(rng, 2, 128))
+    with pytest.raises(ArgumentTypeError, match="got torch.nn.modules.linear.Linear"):
+        bn.quantize_a8(torch.nn.Linear(128, 4))
+    negated = x._neg_view()
+    assert negated.is_neg()
+    with pytest.raises(InvalidArgumentError, match="lazy negative view.*resolve_neg"):
+        bn.quantize_a8(negated)
+    np.testing.assert_array_equal(bn.quantize_a8(negated.resolve_neg())[0], -bn.quantize_a8(x)[0])
+    with pytest.raises(InvalidArgumentError, match="complex64 is not supported"):
+        bn.quantize_a8(x.to(torch.complex64).conj())

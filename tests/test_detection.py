@@ -1,10 +1,13 @@
 """Every rule of device detection and selection (bitnet_ffi/device.py), under each environment
 combination. Expectations account for real GPUs, so the same tests hold on a GPU machine."""
+import ctypes
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import bitnet_ffi
@@ -103,21 +106,44 @@ def test_cpu_is_always_selectable(clean_env):
 @pytest.mark.parametrize("value", ["tpu", "cuda:x", "gpu0", "cuda:-1"])
 def test_bad_device_request_is_an_error(clean_env, value):
     clean_env.setenv("BITNET_DEVICE", value)
-    with pytest.raises(ConfigurationError, match="expected auto, cpu, cuda or cuda:N"):
+    with pytest.raises(ConfigurationError, match="expected auto, cpu, cuda or cuda:N \\(gpu, gpu:N\\)"):
         device.select()
 
 
 def test_strict_mode_ignores_the_fake(clean_env):
     clean_env.setenv("BITNET_GPU_FAKE", "cuda,rocm")
     clean_env.setenv("BITNET_STRICT_MODE", "1")
-    detection = device.detect()
+    with pytest.warns(UserWarning, match="BITNET_STRICT_MODE=1 ignores BITNET_GPU_FAKE='cuda,rocm'"):
+        detection = device.detect()
     assert detection.strict and not detection.fake
     assert not any(d.fake for d in detection.devices)
     assert "rocm" not in detection.backends
+    with pytest.warns(UserWarning):
+        assert "ignores BITNET_GPU_FAKE='cuda,rocm'" in device.select().summary()
     clean_env.setenv("BITNET_DEVICE", "cuda")
     if not REAL:
-        with pytest.raises(NoDeviceError):
+        with pytest.raises(NoDeviceError), pytest.warns(UserWarning):
             device.select()
+
+
+@pytest.mark.parametrize("name", ["gpu", "GPU:0", "cuda"])
+def test_gpu_is_another_name_for_cuda(clean_env, name):
+    """As in BITNET_GPU_FAKE, gpu means cuda: in BITNET_DEVICE, resolve() and .to()."""
+    clean_env.setenv("BITNET_DEVICE", name)
+    if REAL:
+        assert device.select().selected == "cuda:0" and bitnet_ffi.resolve(name) == 0
+        return
+    with pytest.raises(NoDeviceError, match="no such CUDA device"):
+        device.select()
+    clean_env.setenv("BITNET_GPU_FAKE", "cuda")
+    tw = bitnet_ffi.pack_ternary(np.zeros((1, 128), np.int8), 1.0)
+    with pytest.raises(NoDeviceError, match="fake GPU"):
+        tw.to(name)
+
+
+def test_a_device_that_is_not_a_name_or_an_index_is_a_type_error(clean_env):
+    with pytest.raises(bitnet_ffi.ArgumentTypeError, match="device: expected a name"):
+        bitnet_ffi.resolve(0.5)
 
 
 def test_strict_no_fake_gpu_with_a_fake_is_an_error(clean_env):
@@ -145,7 +171,7 @@ def test_resolve_accepts_ints_and_names(clean_env):
 
 
 def run_cli(*args, **env):
-    environment = {k: v for k, v in __import__("os").environ.items() if not k.startswith("BITNET_")}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("BITNET_")}
     environment.update(env)
     return subprocess.run([sys.executable, "-m", "bitnet_ffi", *args], capture_output=True,
                           text=True, env=environment, cwd=str(REPO))
@@ -167,7 +193,7 @@ def test_cli_info_json_has_the_documented_keys():
     assert {"requested", "selected", "detected", "fake", "strict", "devices"} <= info.keys()
     assert info["requested"] == "auto" and info["fake"] is True and info["strict"] is False
     assert info["selected"] == ("cuda:0" if REAL else "cpu")
-    assert "cuda" in info["detected"] and "cpu" in info["detected"]
+    assert info["detected"] == (["cuda"] if REAL else ["cuda(fake)"]) + ["cpu"]  # marked as in text
     fake = [d for d in info["devices"] if d["fake"]]
     assert len(fake) == 1 and fake[0]["backend"] == "cuda"
     for key in ("name", "compute_capability", "total_memory_bytes", "free_memory_bytes", "sm_count",
@@ -180,6 +206,47 @@ def test_cli_strict_json():
     info = json.loads(result.stdout)
     assert info["strict"] is True and info["fake"] is False
     assert not any(d["fake"] for d in info["devices"])
+    assert "BITNET_STRICT_MODE=1 ignores BITNET_GPU_FAKE='cuda'" in info["note"]
+    assert "BITNET_STRICT_MODE=1 ignores BITNET_GPU_FAKE='cuda'" in result.stderr  # the warning
+
+
+def test_cli_info_cpu_row_shows_the_isa_and_threads():
+    result = run_cli("info", OMP_NUM_THREADS="3")
+    row = next(line for line in result.stdout.splitlines() if line.startswith("cpu "))
+    assert f"host CPU ({bitnet_ffi.cpu_isa()}, 3 threads)" in row
+
+
+def test_cli_info_into_a_closed_pipe_ends_quietly():
+    """`info | head -1`: the reader may be gone before info writes. A pipe whose read end is
+    closed before the process starts makes that certain: no traceback, exit code 1."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("BITNET_")}
+    result = subprocess.run([sys.executable, "-m", "bitnet_ffi", "info", "--json"],
+                            stdout=write_end, stderr=subprocess.PIPE, text=True, env=environment,
+                            cwd=str(REPO))
+    os.close(write_end)
+    assert result.returncode == 1 and result.stderr == "", result.stderr
+
+
+def test_no_gpu_reason_tells_no_driver_from_no_device(clean_env):
+    """A CUDA build on a machine without libcuda.so.1 says there is no NVIDIA driver (the CUDA
+    runtime calls that an insufficient driver); with a driver, the reason never says so."""
+    flag = bitnet_ffi._ffi.ffi.new("int32_t *")
+    bitnet_ffi._ffi.call("has_cuda", flag)
+    if not flag[0]:
+        pytest.skip("a CPU-only libbitnet: the reason is the build (tested elsewhere)")
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        driver = True
+    except OSError:
+        driver = False
+    reason = device.detect().no_gpu_reason
+    if driver:
+        assert "no NVIDIA driver" not in reason
+    else:
+        assert reason.startswith("no NVIDIA driver: libcuda.so.1 is not installed"), reason
+        assert "insufficient for CUDA runtime version" not in reason
 
 
 def test_cli_reports_errors_without_a_traceback():

@@ -12,6 +12,7 @@ import pytest
 
 from bitnet_ffi import _arrays
 from bitnet_ffi.model import TINY, Session, random_weights
+from conftest import real_gpu_count
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,6 +161,46 @@ def test_demo_cpu_json_reports_every_figure():
     for key in ("prefill_tokens_per_s", "decode_ms_per_token", "decode_tokens_per_s", "decode_gbps"):
         assert report[key] > 0
     assert set(report["op_ms"]) >= {"gemv_w2a8", "attention", "output head", "rmsnorm (+int8)"}
+    # The per-op times come from the same two timed steps as the step time: their sum is a part
+    # of it (the rest is Python between the ops), never more.
+    assert report["timing"] == "wall time, mean of 2 steps"
+    assert sum(report["op_ms"].values()) <= report["decode_ms_per_token"]
+    # The bars show in a log too (stderr is a pipe here), each ending at 100%.
+    for bar in ("quantizing layers: 100%", "prefill: 100%", "decoding: 100%"):
+        assert bar in result.stderr, result.stderr
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("args,message", [
+    (("--tokens", "1"), "argument --tokens: must be at least 2, got 1"),
+    (("--seed", "-1"), "argument --seed: must be at least 0, got -1"),
+    (("--layers", "0"), "argument --layers: must be at least 1, got 0"),
+    (("--batch", "two"), "argument --batch: expected an integer, got 'two'"),
+])
+def test_demo_refuses_bad_options_with_a_usage_error(args, message):
+    result = demo("--device", "cpu", *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.cpu
+def test_demo_help_gives_every_option_a_default():
+    result = subprocess.run([sys.executable, "-m", "bitnet_ffi", "demo", "--help"],
+                            capture_output=True, text=True, cwd=str(REPO))
+    options = result.stdout.split("options:", 1)[1]  # after the usage line
+    for option in ("--device", "--layers", "--prompt-len", "--tokens", "--batch", "--seed"):
+        text = options.split(option, 1)[1].split("\n  -", 1)[0]
+        assert "default" in text, f"{option}: {text}"
+
+
+@pytest.mark.cpu
+def test_demo_check_without_a_gpu_says_it_needs_one():
+    result = demo("--check", "--device", "cpu")
+    assert result.returncode == 2 and "--check compares the GPU with the CPU, so it needs a CUDA GPU" \
+        in result.stderr, result.stderr
+    if real_gpu_count() == 0:
+        result = demo("--check")
+        assert result.returncode == 2 and "needs a CUDA GPU" in result.stderr, result.stderr
 
 
 @pytest.mark.cpu

@@ -134,7 +134,7 @@ def test_pack_rejects_non_ternary_untouched(rng, bad):
     status, message = status_and_message(_ffi.lib().bitnet_pack_ternary(
         -1, _ffi.ffi.cast("int8_t *", w_q.ctypes.data), 5, 256,
         _ffi.ffi.cast("uint8_t *", packed.ctypes.data), _ffi.ffi.NULL))
-    assert status == 1 and "not -1, 0 or 1" in message
+    assert status == 1 and f"w_q[3, 200] = {bad} is not -1, 0 or 1" in message
     assert np.all(packed == 0xA5)
     with pytest.raises(InvalidArgumentError):
         bn.pack_ternary(w_q, 1.0)
@@ -163,6 +163,60 @@ def test_quantize_a8_extremes():
     assert s[0] == 1.0
     np.testing.assert_array_equal(x_q[0, :7], [127, 0, 2, 2, 0, -2, -127])
     np.testing.assert_array_equal(x_q, ref_quantize_a8(x)[0])
+
+
+# ---------------------------------------------------------------- non-finite values
+# Weights: quantize_i2s refuses NaN and +-inf, naming the first; activations: quantize_a8 gives a
+# row holding one the scale NaN and codes -128, so the GEMV gives NaN for that token only.
+
+NON_FINITE = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}
+
+
+def non_finite_weights(rng, dtype, special):
+    """w [5, 256] whose first non-finite value, of two, is at [3, 200]."""
+    w = float_array(rng, (5, 256), dtype)
+    w[3, 200] = w[4, 7] = special
+    return w
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("special", NON_FINITE)
+def test_quantize_i2s_rejects_non_finite_untouched(rng, dtype, special):
+    w = non_finite_weights(rng, dtype, NON_FINITE[special])
+    packed = np.full((5, 64), 0x5A, np.uint8)
+    scales = np.full(5, 7.0, np.float32)
+    ffi = _ffi.ffi
+    status, message = c_quantize_i2s(ffi.cast("void *", w.ctypes.data), 5, 256, ffi.NULL, 0,
+                                     ffi.cast("uint8_t *", packed.ctypes.data),
+                                     ffi.cast("float *", scales.ctypes.data),
+                                     dtype={"float32": 0, "float16": 1, "bfloat16": 2}[dtype])
+    assert status == 1 and f"w[3, 200] is {special}; weights must be finite" in message, message
+    assert np.all(packed == 0x5A) and np.all(scales == 7.0)
+    with pytest.raises(InvalidArgumentError, match=rf"w\[3, 200\] is {special}"):
+        bn.quantize_i2s(w, row_segments=[2, 3])
+
+
+def assert_non_finite_token(x, x_q, s, row):
+    """Row `row` of x holds a NaN or +-inf: scale NaN, codes -128; the other rows as the reference;
+    and the GEMV of the codes is NaN for that token only."""
+    want_q, want_s = ref_quantize_a8(np.delete(x, row, axis=0))
+    assert np.isnan(s[row]) and np.all(x_q[row] == -128)
+    np.testing.assert_array_equal(np.delete(x_q, row, axis=0), want_q)
+    np.testing.assert_array_equal(np.delete(s, row), want_s)
+    w_q = np.random.default_rng(0).integers(-1, 2, (40, x.shape[1]), dtype=np.int8)
+    y = bn.gemv_w2a8(bn.pack_ternary(w_q, 0.5), x_q, s)
+    assert np.isnan(y[row]).all() and np.isfinite(np.delete(y, row, axis=0)).all()
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("special", NON_FINITE)
+def test_quantize_a8_non_finite_token_gives_nan(rng, dtype, special):
+    x = float_array(rng, (4, 384), dtype)
+    x[2, 300] = NON_FINITE[special]
+    x_q, s = bn.quantize_a8(x)
+    assert_non_finite_token(x.astype(np.float32), x_q, s, 2)
 
 
 # ---------------------------------------------------------------- bad input
@@ -320,8 +374,49 @@ def test_pack_gpu_rejects_non_ternary_untouched(rng):
         0, _ffi.ffi.cast("int8_t *", w_q.data_ptr()), 64, 512,
         _ffi.ffi.cast("uint8_t *", packed.data_ptr()),
         _ffi.ffi.cast("void *", torch.cuda.current_stream().cuda_stream)))
-    assert status == 1 and "not -1, 0 or 1" in message
+    assert status == 1 and "w_q[63, 511] = 2 is not -1, 0 or 1" in message
     assert bool((packed == 0xA5).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("special", NON_FINITE)
+def test_quantize_i2s_gpu_rejects_non_finite_untouched(rng, dtype, special):
+    torch = pytest.importorskip("torch")
+    w = torch.randn(4096, 1024, dtype=getattr(torch, dtype), device="cuda")
+    w[4000, 1000] = NON_FINITE[special]
+    w[100, 1023] = NON_FINITE[special]
+    w[4095, 0] = NON_FINITE[special]
+    packed = torch.full((4096, 256), 0x5A, dtype=torch.uint8, device="cuda")
+    scales = torch.full((4096,), 7.0, device="cuda")
+    ffi = _ffi.ffi
+    status, message = status_and_message(_ffi.lib().bitnet_quantize_i2s(
+        0, ffi.cast("void *", w.data_ptr()), {"float32": 0, "float16": 1, "bfloat16": 2}[dtype],
+        4096, 1024, ffi.NULL, 0, ffi.cast("uint8_t *", packed.data_ptr()),
+        ffi.cast("float *", scales.data_ptr()),
+        ffi.cast("void *", torch.cuda.current_stream().cuda_stream)))
+    assert status == 1 and f"w[100, 1023] is {special}; weights must be finite" in message, message
+    assert bool((packed == 0x5A).all()) and bool((scales == 7.0).all())
+    with pytest.raises(InvalidArgumentError, match=rf"w\[100, 1023\] is {special}"):
+        bn.quantize_i2s(w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("special", NON_FINITE)
+def test_quantize_a8_gpu_non_finite_token_gives_nan(rng, dtype, special):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(5, 2560, dtype=getattr(torch, dtype), device="cuda")
+    x[3, 2559] = NON_FINITE[special]
+    x_q, s = bn.quantize_a8(x)
+    host_q, host_s = x_q.cpu().numpy(), s.cpu().numpy()
+    assert_non_finite_token(torch_to_numpy(x).astype(np.float32), host_q, host_s, 3)
+    cpu_q, cpu_s = bn.quantize_a8(torch_to_numpy(x))  # the same bits on both backends
+    np.testing.assert_array_equal(host_q, cpu_q)
+    assert host_s.tobytes() == cpu_s.tobytes()
+    w_q = torch.randint(-1, 2, (40, 2560), dtype=torch.int8, device="cuda")
+    y = bn.gemv_w2a8(bn.pack_ternary(w_q, 0.5), x_q, s).cpu().numpy()
+    assert np.isnan(y[3]).all() and np.isfinite(np.delete(y, 3, axis=0)).all()
 
 
 @pytest.mark.gpu

@@ -522,43 +522,85 @@ def test_gpu_extreme_magnitudes(rng, T, H, dtype, magnitude, eps, variant):
     check(variant, got, x, weight, eps, residual)
 
 
-@pytest.mark.parametrize("backend", (pytest.param("cpu", marks=pytest.mark.cpu),
-                                     pytest.param("gpu", marks=pytest.mark.gpu)))
+BACKENDS = (pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("gpu", marks=pytest.mark.gpu))
+
+
+def backend_io(backend):
+    return (numpy_copy, numpy_copy) if backend == "cpu" else (torch_put, torch_get)
+
+
+def assert_non_finite_row_codes(got, rows):
+    """The rule for a row with a y that is not finite (docs/rmsnorm.md): scale NaN, codes -128."""
+    assert np.isnan(got["scales"][rows]).all(), "scale of a row with a non-finite y"
+    assert (got["y_q"][rows] == -128).all(), "codes of a row with a non-finite y"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("T,H", KERNEL_SHAPES + [(20000, 256), (3, 2560 - 8)])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("variant", ("quant", "add_quant_y"))
-def test_nan_weights_give_nan_codes_and_leave_the_scale_to_the_rest(rng, backend, T, H, dtype, variant):
-    """A NaN weight makes its products NaN: y is NaN and the code -128 there, and every other
-    output follows the rule over the rest of the row (the scale from the max of the other
-    products). The GPU register kernels spot such a row by a NaN-propagating max, take the max
-    again without the NaN products and write its codes with the clamp (docs/rmsnorm.md)."""
+def test_nan_weights_give_nan_scales(rng, backend, T, H, dtype, variant):
+    """A NaN weight makes its products NaN in every row: y is NaN there and as the reference
+    elsewhere, and every row's scale is NaN with codes -128, so the GEMV after it gives NaN rather
+    than finite values. The GPU register kernels spot such a row by a NaN-propagating max."""
     x, weight, residual = make_inputs(rng, T, H, dtype)
     nan_cols = np.zeros(H, bool)
     nan_cols[rng.choice(H, size=max(1, H // 97), replace=False)] = True
     weight[nan_cols] = np.nan
-    put, get = (numpy_copy, numpy_copy) if backend == "cpu" else (torch_put, torch_get)
-    got = run(variant, x, weight, 1e-5, residual, put, get)
-    assert (got["y_q"][:, nan_cols] == -128).all()
+    got = run(variant, x, weight, 1e-5, residual, *backend_io(backend))
+    assert_non_finite_row_codes(got, slice(None))
     if "y" in got:
         assert np.isnan(got["y"][:, nan_cols].astype(np.float32)).all()
-    if nan_cols.all():
-        np.testing.assert_array_equal(got["scales"], np.float32(127) / np.float32(1e-5))
-        return
-    keep = ~nan_cols
-    y_ref, _ = reference(x, weight, 1e-5, residual if "add" in variant else None)
-    if "y" in got:
+        keep = ~nan_cols
+        y_ref, _ = reference(x, weight, 1e-5, residual if "add" in variant else None)
         assert_close(got["y"][:, keep], y_ref[:, keep], dtype)
-    check_quantized(got["y_q"][:, keep], got["scales"], y_ref[:, keep])
+
+
+# A width of each kernel kind at T = 3 (the block-per-row registers, the loop for an unaligned width
+# and for a row too long for registers) and a warp per row (many rows).
+NON_FINITE_SHAPES = [(3, 2560), (3, 2561), (3, 40000), (600, 2560)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("T,H", NON_FINITE_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("special", (math.nan, math.inf, -math.inf), ids=("nan", "inf", "-inf"))
+@pytest.mark.parametrize("variant", ("quant", "add_quant_y", "relu2"))
+def test_non_finite_token_gives_nan_scale_and_leaves_the_others(rng, backend, T, H, dtype, special,
+                                                                 variant):
+    """One value of token 1 is NaN or +-inf (in x, or in the gate's up half): that token's scale is
+    NaN and its codes -128, so gemv_w2a8 gives NaN for it; every other token is as without it."""
+    put, get = backend_io(backend)
+    row, col = 1, H // 3
+    if variant == "relu2":
+        gate_up, weight = make_gate_up(rng, T, H, dtype)
+        gate_up[:, 0] = np.abs(gate_up[:, 0]) + 1  # no row all zero
+        gate_up[row, H + col] = special            # up: NaN or +-inf times relu(gate)^2
+        gate_up[row, col] = abs(gate_up[row, col]) + 1
+        got = run_gated(gate_up, weight, 1e-5, True, put, get)
+        check_gated(other_rows(got, row), np.delete(gate_up, row, axis=0), weight, 1e-5)
+    else:
+        x, weight, residual = make_inputs(rng, T, H, dtype)
+        x[row, col] = special
+        got = run(variant, x, weight, 1e-5, residual, put, get)
+        check(variant, other_rows(got, row), np.delete(x, row, axis=0), weight, 1e-5,
+              np.delete(residual, row, axis=0))
+    assert_non_finite_row_codes(got, row)
+    if "y" in got:
+        assert not np.isfinite(got["y"][row].astype(np.float32)).all()
+    if H % 128 == 0:  # what the codes feed: the W2A8 GEMV of every token
+        tw = bitnet_ffi.pack_ternary(put(rng.integers(-1, 2, (64, H), dtype=np.int8)), 0.5)
+        y = get(bitnet_ffi.gemv_w2a8(tw, put(got["y_q"]), put(got["scales"])))
+        assert np.isnan(y[row]).all() and np.isfinite(np.delete(y, row, axis=0)).all()
 
 
 def assert_zero_row_outputs(got, row):
     """Row `row` of a norm with eps = 0 over an all-zero row: y = 0 / 0 = NaN, as in the float64
-    reference and torch; so, by the NaN rule, codes -128 and the scale 127 / 1e-5."""
+    reference and torch; so, by the rule for a non-finite y, scale NaN and codes -128."""
     if "y" in got:
         assert np.isnan(got["y"][row].astype(np.float32)).all()
     if "y_q" in got:
-        assert (got["y_q"][row] == -128).all()
-        np.testing.assert_array_equal(got["scales"][row], np.float32(127) / np.float32(1e-5))
+        assert_non_finite_row_codes(got, row)
 
 
 def other_rows(got, row):

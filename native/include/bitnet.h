@@ -114,7 +114,9 @@ bitnet_status bitnet_stream_synchronize(void *stream);
  * quantize_i2s: scale = mean |W| over the tensor, or over each row segment (row_segments: a host
  * array of n_segments row counts summing to M, or NULL for one segment), computed in float64,
  * stored as float32, floored at 1e-5; W_q = clamp(rint(w / scale), -1, 1) in float32 arithmetic.
- * w_scales[m] is the scale of row m's segment. On a GPU, w_packed serves as scratch for row sums. */
+ * w_scales[m] is the scale of row m's segment. On a GPU, w_packed serves as scratch for row sums.
+ * w must be finite: a NaN or +-inf is BITNET_ERR_INVALID_ARGUMENT naming the first one (row, column)
+ * and nothing is written; on a GPU the host waits for that check (not capturable in a graph). */
 bitnet_status bitnet_quantize_i2s(int32_t device, const void *w /* [M, K] */, int32_t w_dtype,
                                   int64_t M, int64_t K, const int64_t *row_segments,
                                   int64_t n_segments, uint8_t *w_packed /* [M, K/4] */,
@@ -129,7 +131,8 @@ bitnet_status bitnet_pack_ternary(int32_t device, const int8_t *w_q /* [M, K] */
 bitnet_status bitnet_unpack_ternary(int32_t device, const uint8_t *w_packed /* [M, K/4] */,
                                     int64_t M, int64_t K, int8_t *w_q /* [M, K] */, void *stream);
 
-/* Per row n: s = 127 / max(max |x[n]|, 1e-5), x_q = clamp(rint(x * s), -128, 127), in float32. */
+/* Per row n: s = 127 / max(max |x[n]|, 1e-5), x_q = clamp(rint(x * s), -128, 127), in float32.
+ * A row holding a NaN or +-inf gets s = NaN and x_q = -128 throughout: its GEMV outputs are NaN. */
 bitnet_status bitnet_quantize_a8(int32_t device, const void *x /* [N, K] */, int32_t x_dtype,
                                  int64_t N, int64_t K, int8_t *x_q /* [N, K] */,
                                  float *x_scales /* [N] */, void *stream);
@@ -156,7 +159,8 @@ bitnet_status bitnet_cpu_get_isa(int32_t *isa);
  *   v = x[t], or with residual: residual[t] += x[t] (stored in dtype) and v = that stored value;
  *   y[t] = v / sqrt(mean(v^2) + eps) * weight;
  *   with y_q: y_scales[t] = 127 / max(max |y[t]|, 1e-5), y_q[t] = clamp(rint(y[t] * y_scales[t]),
- *   -128, 127), from the float32 y before any rounding to dtype (quantize_a8's rule, fused).
+ *   -128, 127), from the float32 y before any rounding to dtype (quantize_a8's rule, fused);
+ *   a row with a y that is not finite gets y_scales[t] = NaN and y_q[t] = -128 throughout.
  * dtype: float32, float16 or bfloat16, for x, residual, weight and y. eps: finite, >= 0. Give y,
  * y_q (with y_scales) or both. y may be x (in place); no other arrays may overlap. Rows whose
  * float32 sum of squares overflows or underflows are summed again in float64. On a GPU the launch

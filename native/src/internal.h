@@ -119,6 +119,13 @@ bitnet_status bn_cuda_stream_synchronize(void *stream);
 #define BN_TERNARY_MAX_K (1 << 22)
 bitnet_status bn_check_ternary_shape(const char *op, const char *rows_name, int64_t M, int64_t K);
 bitnet_status bn_check_float_dtype(const char *op, const char *name, int32_t dtype);
+/* The error of bitnet_quantize_i2s for weights that are not all finite: element `index` (flat, of
+ * rows of K) is the first NaN or ±inf, `value` its value. */
+bitnet_status bn_fail_non_finite_weight(int64_t index, int64_t K, float value);
+
+/* max(a, b), or NaN if either is NaN (fmaxf returns the other operand): the activation quantizers'
+ * row maxima, so that a non-finite input shows in the maximum and turns the row's scale NaN. */
+static inline float bn_max_or_nan(float a, float b) { return b > a || b != b ? b : a; }
 
 enum { BN_ISA_AUTO = 0, BN_ISA_PORTABLE = 1, BN_ISA_AVX2 = 2, BN_ISA_AVX512_VNNI = 3 };
 /* The CPU path in use (never BN_ISA_AUTO), and whether this CPU can run `isa`. */

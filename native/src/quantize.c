@@ -22,6 +22,12 @@ bitnet_status bn_check_float_dtype(const char *op, const char *name, int32_t dty
     return BITNET_OK;
 }
 
+bitnet_status bn_fail_non_finite_weight(int64_t index, int64_t K, float value) {
+    return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_quantize_i2s: w[%lld, %lld] is %g; weights "
+                   "must be finite (the first NaN or infinity, in row-major order)",
+                   (long long)(index / K), (long long)(index % K), (double)value);
+}
+
 static bitnet_status check_segments(const int64_t *row_segments, int64_t n_segments, int64_t M) {
     if (!row_segments) {
         BN_CHECK(n_segments == 0 || n_segments == 1, "bitnet_quantize_i2s: row_segments is NULL, "

@@ -21,9 +21,45 @@ static int8_t quantize_weight(float w, float scale) {
     return (int8_t)fminf(fmaxf(rintf(w / scale), -1.0f), 1.0f);
 }
 
+/* True where a float of `dtype` held in `bits` is NaN or ±inf: all its exponent bits are set. */
+static inline int non_finite_bits(uint32_t bits, uint32_t exponent) { return (bits & exponent) == exponent; }
+
+/* The first column of row `row` of w [M, K] that is NaN or ±inf, or -1. A chunk is first tested
+ * as a whole (a loop the compiler vectorizes), and searched only where it holds one. */
+static int64_t first_non_finite_in_row(const void *w, int32_t dtype, int64_t row, int64_t K) {
+    const int wide = dtype == BITNET_DTYPE_F32;
+    const uint32_t exponent = wide ? 0x7f800000u : dtype == BITNET_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+    const uint32_t *w32 = (const uint32_t *)w + row * K;
+    const uint16_t *w16 = (const uint16_t *)w + row * K;
+    for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
+        const int64_t n = K - k0 < CHUNK ? K - k0 : CHUNK;
+        int any = 0;
+        if (wide)
+            for (int64_t k = k0; k < k0 + n; k++) any |= non_finite_bits(w32[k], exponent);
+        else
+            for (int64_t k = k0; k < k0 + n; k++) any |= non_finite_bits(w16[k], exponent);
+        if (!any) continue;
+        for (int64_t k = k0; k < k0 + n; k++)
+            if (non_finite_bits(wide ? w32[k] : w16[k], exponent)) return k;
+    }
+    return -1;
+}
+
 bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int64_t K,
                                   const int64_t *row_segments, int64_t n_segments,
                                   uint8_t *w_packed, float *w_scales) {
+    /* Weights must be finite: checked before anything is written. */
+    int64_t first = INT64_MAX;
+#pragma omp parallel for schedule(static) reduction(min : first)
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t k = m * K < first ? first_non_finite_in_row(w, w_dtype, m, K) : -1;
+        if (k >= 0 && m * K + k < first) first = m * K + k;
+    }
+    if (first != INT64_MAX) {
+        float value;
+        bn_load_floats(w_dtype, w, first, 1, &value);
+        return bn_fail_non_finite_weight(first, K, value);
+    }
     /* Row sums of |w| in float64, kept in w_packed (M * 8 <= M * K / 4 bytes) until the codes
      * overwrite them, so that segment sums are added in one fixed order. */
     double *row_sums = (double *)(void *)w_packed;
@@ -66,11 +102,11 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
 }
 
 bitnet_status bn_cpu_pack_ternary(const int8_t *w_q, int64_t M, int64_t K, uint8_t *w_packed) {
-    int64_t count = M * K, bad = -1;
-#pragma omp parallel for schedule(static) reduction(max : bad)
+    int64_t count = M * K, bad = INT64_MAX; /* the first value that is not ternary */
+#pragma omp parallel for schedule(static) reduction(min : bad)
     for (int64_t i = 0; i < count; i++)
-        if (w_q[i] < -1 || w_q[i] > 1) bad = i > bad ? i : bad;
-    if (bad >= 0)
+        if (w_q[i] < -1 || w_q[i] > 1) bad = i < bad ? i : bad;
+    if (bad != INT64_MAX)
         return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_pack_ternary: w_q[%lld, %lld] = %d is "
                        "not -1, 0 or 1", (long long)(bad / K), (long long)(bad % K), w_q[bad]);
 #pragma omp parallel for schedule(static)
@@ -96,9 +132,11 @@ bitnet_status bn_cpu_quantize_a8(const void *x, int32_t x_dtype, int64_t N, int6
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             const int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
             bn_load_floats(x_dtype, x, n * K + k0, len, chunk);
-            for (int64_t k = 0; k < len; k++) max_abs = fmaxf(max_abs, fabsf(chunk[k]));
+            for (int64_t k = 0; k < len; k++) max_abs = bn_max_or_nan(max_abs, fabsf(chunk[k]));
         }
-        float scale = 127.0f / fmaxf(max_abs, 1e-5f);
+        /* A row holding a NaN or ±inf gets the scale NaN, and so codes -128 (fmaxf(NaN, -128)):
+         * its GEMV outputs are NaN. */
+        float scale = isfinite(max_abs) ? 127.0f / fmaxf(max_abs, 1e-5f) : NAN;
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
             const int64_t len = K - k0 < CHUNK ? K - k0 : CHUNK;
             bn_load_floats(x_dtype, x, n * K + k0, len, chunk);

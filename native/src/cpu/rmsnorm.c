@@ -64,13 +64,13 @@ static void norm_row(const norm_args *a, int64_t row) {
             for (int l = 0; l < LANES; l++) {
                 float p = fabsf(v[i + l] * w[i + l]);
                 lane_sum[l] += v[i + l] * v[i + l];
-                lane_max[l] = p > lane_max[l] ? p : lane_max[l];
+                lane_max[l] = bn_max_or_nan(lane_max[l], p);
             }
     }
     float sum = 0.0f, max_vw = 0.0f;
     for (int l = 0; l < LANES; l++) {
         sum += lane_sum[l];
-        max_vw = lane_max[l] > max_vw ? lane_max[l] : max_vw;
+        max_vw = bn_max_or_nan(max_vw, lane_max[l]);
     }
 
     /* Where the float32 mean square is not a normal float, 1 / RMS comes from a float64 sum. An
@@ -94,12 +94,16 @@ static void norm_row(const norm_args *a, int64_t row) {
             max_vw = 0.0f;
             for (int64_t c = 0; c < H; c += CHUNK) {
                 int n = load_chunk(a, row, c, v, w);
-                for (int i = 0; i < n; i++) max_vw = fmaxf(max_vw, fabsf(v[i] * pre * w[i]));
+                for (int i = 0; i < n; i++) max_vw = bn_max_or_nan(max_vw, fabsf(v[i] * pre * w[i]));
             }
         }
         r = (float)r64;
     }
-    const float scale = 127.0f / fmaxf(max_vw * r, 1e-5f), r_scale = r * scale;
+    /* max |y| = max |v * w| * r. Where it is not finite (some y is NaN or ±inf: a non-finite
+     * input, or 0 / 0 for an all-zero row with eps = 0) the scale is NaN and every code -128
+     * (fmaxf(NaN, -128)), so that what consumes the codes turns NaN too. */
+    const float max_y = max_vw * r;
+    const float scale = isfinite(max_y) ? 127.0f / fmaxf(max_y, 1e-5f) : NAN, r_scale = r * scale;
 
     for (int64_t c = 0; c < H; c += CHUNK) {
         int n = load_chunk(a, row, c, v, w);

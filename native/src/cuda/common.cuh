@@ -148,3 +148,20 @@ __device__ __forceinline__ float bn_relu2(float gate, float up) {
     const float relu = gate < 0.0f ? 0.0f : gate;
     return relu * relu * up;
 }
+
+/* max(a, b), or NaN if either is NaN (fmaxf returns the other operand): the activation
+ * quantizers' row maxima, so that a non-finite input shows in the maximum (bn_max_or_nan on the
+ * CPU). */
+__device__ __forceinline__ float bn_fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float m;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
+#else
+    return isnan(a) || isnan(b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+
+/* The scale of a quantized row with a value that is not finite: the quiet NaN of the CPU
+ * backend's NAN, so that both backends store the same bits. */
+__device__ __forceinline__ float bn_nan() { return __int_as_float(0x7fc00000); }

@@ -11,7 +11,8 @@
 
 bitnet_status bn_cuda_fail(cudaError_t err, const char *call, const char *file, int line) {
     bitnet_status status = err == cudaErrorMemoryAllocation ? BITNET_ERR_OUT_OF_MEMORY
-                           : err == cudaErrorNoDevice || err == cudaErrorInvalidDevice
+                           : err == cudaErrorNoDevice || err == cudaErrorInvalidDevice ||
+                                     err == cudaErrorInsufficientDriver
                                ? BITNET_ERR_NO_DEVICE
                                : BITNET_ERR_CUDA;
     cudaGetLastError(); /* clear a non-sticky error so that later calls start clean */
@@ -19,14 +20,44 @@ bitnet_status bn_cuda_fail(cudaError_t err, const char *call, const char *file, 
                    cudaGetErrorName(err), file, line);
 }
 
+/* "X.Y" of a CUDA version number such as 12040. */
+static void cuda_version(char (&text)[16], int version) {
+    snprintf(text, sizeof text, "%d.%d", version / 1000, version % 1000 / 10);
+}
+
+/* Why cudaGetDeviceCount failed, in the user's terms: no NVIDIA driver at all (the runtime reports
+ * that as an insufficient driver, with driver version 0), a driver older than the runtime this
+ * library was built with, no device, or the runtime's own words. */
+static void explain_no_device(cudaError_t err, char *why, size_t size) {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver); /* 0 where no driver is installed */
+    cudaRuntimeGetVersion(&runtime);
+    cudaGetLastError();
+    char have[16], need[16];
+    cuda_version(have, driver);
+    cuda_version(need, runtime);
+    if (err == cudaErrorInsufficientDriver && driver == 0)
+        snprintf(why, size, "no NVIDIA driver: libcuda.so.1 is not installed or cannot be loaded "
+                 "(cudaGetDeviceCount: %s)", cudaGetErrorName(err));
+    else if (err == cudaErrorInsufficientDriver)
+        snprintf(why, size, "the NVIDIA driver is too old: it supports CUDA %s, and this libbitnet "
+                 "was built with the CUDA %s runtime; update the driver, or build with an older "
+                 "toolkit (cudaErrorInsufficientDriver)", have, need);
+    else if (err == cudaErrorNoDevice)
+        snprintf(why, size, "the NVIDIA driver (CUDA %s) finds no CUDA device (cudaErrorNoDevice)",
+                 have);
+    else
+        snprintf(why, size, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
+                 cudaGetErrorName(err));
+}
+
 bitnet_status bn_cuda_device_count(int32_t *count, const char **reason) {
-    static thread_local char why[256];
+    static thread_local char why[384];
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
         cudaGetLastError(); /* no device is an answer here, not an error to keep */
-        snprintf(why, sizeof why, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(err),
-                 cudaGetErrorName(err));
+        explain_no_device(err, why, sizeof why);
         n = 0;
     } else {
         snprintf(why, sizeof why, "%s", n > 0 ? "" : "the CUDA runtime reports no device");

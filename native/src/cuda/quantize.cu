@@ -1,12 +1,15 @@
 /* CUDA ternary weight quantization (quantize_i2s), packing, and int8 activation quantization.
- * quantize_i2s: (1) one block per row sums |w| in float64 into w_packed used as scratch, (2) one
+ * quantize_i2s: (0) a scan for the first NaN or ±inf, which the host waits for (an error before
+ * anything is written), (1) one block per row sums |w| in float64 into w_packed used as scratch, (2) one
  * block per segment adds its row sums in a fixed order and writes the scales, (3) one thread per
- * 32-bit packed word (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Reads W twice.
+ * 32-bit packed word (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Reads W
+ * three times.
  * quantize_a8: one block per row, max |x| then x * 127 / max (the second read hits L2).
  * Layout: docs/weight_format.md. Float32 arithmetic is IEEE (__fdiv_rn, __fmul_rn, rintf), so
  * the results equal the CPU backend's bit for bit (scales up to float64 summation order).
  * H100, float32 [16384, 4096]: quantize_i2s 199 us = 2781 GB/s counting both reads of W and the
- * packed write (89% of read BW); quantize_a8 117 us = 2877 GB/s (92%). */
+ * packed write (89% of read BW), measured before step (0) added a third read; quantize_a8 117 us =
+ * 2877 GB/s (92%). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -58,9 +61,33 @@ __device__ T block_reduce(T value, Op op, T *shared /* [kThreads / 32] */) {
 struct Add {
     template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
 };
-struct Max {
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+struct MaxOrNan {
+    __device__ float operator()(float a, float b) const { return bn_fmax_nan(a, b); }
 };
+
+/* Lowers *first to `index` where that is smaller: the first flagged element wins. */
+__device__ __forceinline__ void record_first(unsigned long long *first, int64_t index) {
+    atomicMin(first, static_cast<unsigned long long>(index));
+}
+
+/* The first NaN or ±inf of w [count], by flat index, into *first. */
+__global__ __launch_bounds__(kThreads) void find_non_finite(const void *w, int32_t dtype, int64_t count,
+                                                            unsigned long long *first) {
+    for (int64_t i = 16 * (blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x); i < count;
+         i += 16 * static_cast<int64_t>(gridDim.x) * kThreads) {
+        float v[16];
+        load16(w, dtype, i, v);
+        bool any = false;
+#pragma unroll
+        for (int j = 0; j < 16; j++) any |= !isfinite(v[j]);
+        if (!any) continue;
+        for (int j = 0; j < 16; j++)
+            if (!isfinite(v[j])) {
+                record_first(first, i + j);
+                break;
+            }
+    }
+}
 
 __global__ __launch_bounds__(kThreads) void row_abs_sums(const void *w, int32_t dtype, int64_t K,
                                                          double *row_sums) {
@@ -113,8 +140,9 @@ __global__ __launch_bounds__(kThreads) void pack_scaled(const void *w, int32_t d
     }
 }
 
+/* The first value of w_q [count] outside {-1, 0, 1}, by flat index, into *first. */
 __global__ __launch_bounds__(kThreads) void find_non_ternary(const int8_t *w_q, int64_t count,
-                                                             int *found) {
+                                                             unsigned long long *first) {
     const uint4 *p = reinterpret_cast<const uint4 *>(w_q);
     for (int64_t i = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; i < count / 16;
          i += static_cast<int64_t>(gridDim.x) * kThreads) {
@@ -126,7 +154,14 @@ __global__ __launch_bounds__(kThreads) void find_non_ternary(const int8_t *w_q, 
             uint32_t plus_one = __vadd4(words[j], 0x01010101u); /* -1, 0, 1 -> 0, 1, 2 */
             bad |= __vcmpgtu4(plus_one, 0x02020202u) != 0;
         }
-        if (bad) *found = 1;
+        if (!bad) continue;
+        for (int j = 0; j < 16; j++) {
+            const int value = static_cast<int8_t>(words[j / 4] >> (8 * (j % 4)));
+            if (value < -1 || value > 1) {
+                record_first(first, 16 * i + j);
+                break;
+            }
+        }
     }
 }
 
@@ -165,10 +200,12 @@ __global__ __launch_bounds__(kThreads) void quantize_rows_a8(const void *x, int3
         float v[16];
         load16(x, dtype, row * K + k, v);
 #pragma unroll
-        for (int j = 0; j < 16; j++) max_abs = fmaxf(max_abs, fabsf(v[j]));
+        for (int j = 0; j < 16; j++) max_abs = bn_fmax_nan(max_abs, fabsf(v[j]));
     }
-    max_abs = block_reduce(max_abs, Max(), partial);
-    float scale = __fdiv_rn(127.0f, fmaxf(max_abs, 1e-5f));
+    max_abs = block_reduce(max_abs, MaxOrNan(), partial);
+    /* A row holding a NaN or ±inf gets the scale NaN, and so codes -128 (fmaxf(NaN, -128)): its
+     * GEMV outputs are NaN. */
+    float scale = isfinite(max_abs) ? __fdiv_rn(127.0f, fmaxf(max_abs, 1e-5f)) : bn_nan();
     for (int64_t k = 16 * threadIdx.x; k < K; k += 16 * kThreads) {
         float v[16];
         load16(x, dtype, row * K + k, v);
@@ -188,6 +225,32 @@ unsigned grid_for(int64_t items) {
     return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
 }
 
+/* Runs find(first), a launch that records flat indices with record_first, on stream s and waits
+ * for it: *index is the smallest recorded, or -1. A check on the host must wait for the stream, so
+ * it is refused under graph capture (`op` names the caller). */
+template <typename Find>
+bitnet_status first_flagged(const char *op, cudaStream_t s, Find find, int64_t *index) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    BN_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
+    if (capture != cudaStreamCaptureStatusNone)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: checks its input on the host (it waits for the "
+                       "stream), so it cannot be captured in a CUDA graph", op);
+    unsigned long long *first = nullptr, host_first = ~0ull;
+    BN_CUDA_TRY(cudaMallocAsync(&first, sizeof *first, s));
+    cudaError_t err = cudaMemsetAsync(first, 0xff, sizeof *first, s);
+    if (err == cudaSuccess) {
+        find(first);
+        err = cudaGetLastError();
+    }
+    if (err == cudaSuccess) err = cudaMemcpyAsync(&host_first, first, sizeof *first, cudaMemcpyDeviceToHost, s);
+    cudaError_t free_err = cudaFreeAsync(first, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err == cudaSuccess) err = free_err;
+    BN_CUDA_TRY(err);
+    *index = host_first == ~0ull ? -1 : static_cast<int64_t>(host_first);
+    return BITNET_OK;
+}
+
 }  // namespace
 
 bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M,
@@ -199,6 +262,19 @@ bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtyp
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_quantize_i2s: M = %lld rows is over the "
                        "CUDA grid limit", (long long)M);
     cudaStream_t s = bn_stream(stream);
+    /* Weights must be finite: checked before anything is written. */
+    int64_t bad = -1;
+    BN_TRY(first_flagged("bitnet_quantize_i2s", s, [&](unsigned long long *first) {
+        find_non_finite<<<grid_for(M * K / 16), kThreads, 0, s>>>(w, w_dtype, M * K, first);
+    }, &bad));
+    if (bad >= 0) {
+        const int64_t size = bn_dtype_size(w_dtype);
+        uint32_t bits = 0; /* the element's bytes, as bn_load_floats reads them */
+        BN_CUDA_TRY(cudaMemcpy(&bits, static_cast<const char *>(w) + bad * size, size, cudaMemcpyDeviceToHost));
+        float value;
+        bn_load_floats(w_dtype, &bits, 0, 1, &value);
+        return bn_fail_non_finite_weight(bad, K, value);
+    }
     double *row_sums = reinterpret_cast<double *>(w_packed); /* M * 8 <= M * K / 4 bytes */
     row_abs_sums<<<static_cast<unsigned>(M), kThreads, 0, s>>>(w, w_dtype, K, row_sums);
     BN_CUDA_CHECK_LAUNCH("row_abs_sums");
@@ -221,28 +297,16 @@ bitnet_status bn_cuda_pack_ternary(int32_t device, const int8_t *w_q, int64_t M,
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
     cudaStream_t s = bn_stream(stream);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    BN_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
-    if (capture != cudaStreamCaptureStatusNone)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_pack_ternary: checks its input on the host "
-                       "(it waits for the stream), so it cannot be captured in a CUDA graph");
-    int64_t count = M * K;
-    int *found = nullptr;
-    BN_CUDA_TRY(cudaMallocAsync(&found, sizeof *found, s));
-    int host_found = 0;
-    cudaError_t err = cudaMemsetAsync(found, 0, sizeof *found, s);
-    if (err == cudaSuccess) {
-        find_non_ternary<<<grid_for(count / 16), kThreads, 0, s>>>(w_q, count, found);
-        err = cudaGetLastError();
+    int64_t count = M * K, bad = -1;
+    BN_TRY(first_flagged("bitnet_pack_ternary", s, [&](unsigned long long *first) {
+        find_non_ternary<<<grid_for(count / 16), kThreads, 0, s>>>(w_q, count, first);
+    }, &bad));
+    if (bad >= 0) {
+        int8_t value = 0;
+        BN_CUDA_TRY(cudaMemcpy(&value, w_q + bad, 1, cudaMemcpyDeviceToHost));
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_pack_ternary: w_q[%lld, %lld] = %d is "
+                       "not -1, 0 or 1", (long long)(bad / K), (long long)(bad % K), value);
     }
-    if (err == cudaSuccess) err = cudaMemcpyAsync(&host_found, found, sizeof *found, cudaMemcpyDeviceToHost, s);
-    cudaError_t free_err = cudaFreeAsync(found, s);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-    if (err == cudaSuccess) err = free_err;
-    BN_CUDA_TRY(err);
-    if (host_found)
-        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_pack_ternary: w_q holds a value that "
-                       "is not -1, 0 or 1");
     pack_values<<<grid_for(count / 16), kThreads, 0, s>>>(w_q, count / 16,
                                                           reinterpret_cast<uint32_t *>(w_packed));
     BN_CUDA_CHECK_LAUNCH("pack_values");

@@ -136,20 +136,9 @@ struct SumMax {
     float sum, max;
 };
 
-/* max(a, b), or NaN if either is NaN (fmaxf returns the other operand). */
-__device__ __forceinline__ float max_or_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float m;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
-    return m;
-#else
-    return isnan(a) || isnan(b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
-#endif
-}
-
 /* The sum of squares and max |p|; the max is NaN if any p is, so that a finite max says that every
  * product of the row is finite. */
-__device__ __forceinline__ SumMax combine(SumMax a, SumMax b) { return {a.sum + b.sum, max_or_nan(a.max, b.max)}; }
+__device__ __forceinline__ SumMax combine(SumMax a, SumMax b) { return {a.sum + b.sum, bn_fmax_nan(a.max, b.max)}; }
 __device__ __forceinline__ double combine(double a, double b) { return a + b; }
 __device__ __forceinline__ SumMax shuffle_xor(SumMax v, int lane_mask) {
     return {__shfl_xor_sync(0xffffffffu, v.sum, lane_mask), __shfl_xor_sync(0xffffffffu, v.max, lane_mask)};
@@ -211,7 +200,7 @@ __device__ __forceinline__ void accumulate(SumMax &acc, const float (&v)[N], con
     for (int j = 0; j < N; j++) {
         p[j] = v[j] * pre * w[j];
         acc.sum += v[j] * v[j];
-        if (QUANT) acc.max = max_or_nan(acc.max, fabsf(p[j]));
+        if (QUANT) acc.max = bn_fmax_nan(acc.max, fabsf(p[j]));
     }
 }
 template <typename T, int N, bool QUANT>
@@ -234,16 +223,17 @@ __device__ __forceinline__ void bf16x8_to_floats(const uint4 &raw, float (&f)[8]
     }
 }
 
-/* max |p| over the products that are not NaN: the scale's rule (NaN codes are -128). */
-template <int N> __device__ __forceinline__ float max_abs_of_numbers(float m, const float (&p)[N]) {
-#pragma unroll
-    for (int j = 0; j < N; j++) m = fmaxf(m, fabsf(p[j]));
-    return m;
+/* The scale 127 / max |y| of a row, from max |p| and r (max |y| = max |p| * r), or NaN where that is
+ * not finite (some y is NaN or ±inf: a non-finite input, or 0 / 0 for an all-zero row with
+ * eps = 0), so that what consumes the codes turns NaN too. The CPU backend's rule. */
+__device__ __forceinline__ float row_scale(float max_p, float r) {
+    const float max_y = max_p * r;
+    return isfinite(max_y) ? 127.0f / fmaxf(max_y, 1e-5f) : bn_nan();
 }
 
-/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)). Where every
- * product of the row is finite (FINITE) the clamp cannot bind (|p| <= max |p|) and is left out;
- * otherwise it is there for NaN, which fmaxf turns into -128 exactly as the CPU backend does. */
+/* y = p * r where asked for, and the codes rint(clamp(p * r * scale, -128, 127)). Where the scale
+ * is a number (FINITE) the clamp cannot bind (|p| <= max |p|) and is left out; otherwise it is
+ * there for the NaN scale, which fmaxf turns into code -128 exactly as the CPU backend does. */
 template <typename T, int N, bool QUANT, bool FINITE = false>
 __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, const float (&p)[N], float r,
                                               float r_scale) {
@@ -349,14 +339,8 @@ rmsnorm_registers(NormArgs a) {
             }
             return row_reduce<WARP_PER_ROW>(sum);
         });
-        const bool finite = isfinite(acc.max);
-        if (QUANT && isnan(acc.max)) { /* rare: a NaN product */
-            float m = 0.0f;
-#pragma unroll
-            for (int k = 0; k < V; k++) m = max_abs_of_numbers(m, p[k]);
-            acc.max = row_reduce<WARP_PER_ROW>(SumMax{0.0f, m}).max;
-        }
-        const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
+        const float scale = row_scale(acc.max, r);
+        const bool finite = !isnan(scale);
         const auto write_row = [&](auto finite_products) {
 #pragma unroll
             for (int k = 0; k < V; k++) {
@@ -399,19 +383,17 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             return row_reduce<false>(sum);
         });
         const float pre = tiny_row_scale(r64), r = (float)(r64 / pre);
-        /* The products' max again: from the scaled products, or without the NaN products. */
-        if (pre != 1.0f || (QUANT && isnan(acc.max))) {
-            float m = 0.0f;
+        /* A tiny row: the products' max again, of the scaled products. */
+        if (QUANT && pre != 1.0f) {
+            SumMax scaled = {0.0f, 0.0f};
             for (int64_t i = first; i < a.cols; i += step) {
                 float p[N];
-                SumMax unused = {0.0f, 0.0f};
-                accumulate<T, N, false>(unused, load_input<T, N, GATED>(a, v_src, row, i),
-                                        load<T, N>(a.weight, i), p, pre);
-                m = max_abs_of_numbers(m, p);
+                accumulate<T, N, true>(scaled, load_input<T, N, GATED>(a, v_src, row, i),
+                                       load<T, N>(a.weight, i), p, pre);
             }
-            acc.max = row_reduce<false>(SumMax{0.0f, m}).max;
+            acc.max = row_reduce<false>(scaled).max;
         }
-        const float scale = 127.0f / fmaxf(acc.max * r, 1e-5f);
+        const float scale = row_scale(acc.max, r);
         for (int64_t i = first; i < a.cols; i += step) {
             float p[N];
             SumMax unused = {0.0f, 0.0f};
