@@ -82,7 +82,8 @@ class Model:
         Stops a sequence at its first stop token (``stop=False``: never) or after max_tokens;
         ``on_text(index, text)`` receives each sequence's text as it is produced. Returns one
         Generation per prompt, its timings those of the whole batch."""
-        single = isinstance(prompts, str) or (len(prompts) and np.isscalar(prompts[0]))
+        single = isinstance(prompts, str) or (len(prompts) and
+                                              isinstance(prompts[0], (int, np.integer)))
         prompts = [prompts] if single else list(prompts)
         ids = [self.encode(p) for p in prompts]
         if max_tokens < 1:
