@@ -136,6 +136,19 @@ def tq_to_codes(raw, kind, rows, cols, what):
     return codes, scales
 
 
+def float_to_codes(values, what):
+    """Float weights that are already ternary (every |w| is 0 or one magnitude m, as llama.cpp's
+    and bitnet.cpp's converters write them): (int8 codes, m). llama.cpp multiplies by them as
+    they are, so latent (unquantized) weights cannot be run exactly and are refused."""
+    values = np.asarray(values, dtype=np.float32)
+    m = float(np.abs(values).max()) if values.size else 0.0
+    codes = np.rint(values / m) if m > 0 else np.zeros_like(values)
+    if m > 0 and not np.array_equal(codes * np.float32(m), values):
+        raise UnsupportedError(f"{what}: float weights that are not ternary (0 or +-{m}) are "
+                               "not supported in GGUF (llama.cpp would run them unquantized)")
+    return codes.astype(np.int8), m
+
+
 # ---- sources --------------------------------------------------------------------------------
 
 class Source:
@@ -352,7 +365,9 @@ class GGUFSource(Source):
         if name + ".scale" in self.names():  # llama.cpp's optional per-tensor factor
             extra = float(np.asarray(self.values(self.take(name + ".scale"))).reshape(-1)[0])
         if kind in self.KINDS:
-            return "float", self.unpermute(name, np.asarray(self.values(weight)) * extra)
+            codes, scale = float_to_codes(self.values(weight), what)
+            packed = pack_ternary(codes, scale * extra).packed
+            return "packed", self.unpermute(name, packed), np.full(rows, scale * extra, np.float32)
         if kind == "I2_S":
             packed, scale = i2s_to_ternary(self.values(weight), rows, cols, what)
             scales = np.full(rows, scale * extra, np.float32)

@@ -137,6 +137,37 @@ def test_formats_hold_the_same_weights(name):
 
 
 @pytest.mark.cpu
+def test_gguf_float_codes_with_a_scale_tensor_hold_the_same_weights(tmp_path):
+    """bitnet.cpp's unquantized export: F16 codes and a separate `.scale` tensor. Written here
+    from bitnet-packed's tensors with the fixture writer; loads to the same weights."""
+    import sys
+    from tokenizers import Tokenizer as HFTokenizer
+    from bitnet_ffi.safetensors_file import SafetensorsCheckpoint
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    from make_fixtures import write_gguf
+    st = SafetensorsCheckpoint(fixture("bitnet-packed"))
+    weights, ternaries = {}, {}
+    for n in st.names():
+        if st.dtype(n) == "uint8":  # transformers' packing: row k * O/4 + r in bits 2k of row r
+            P = np.asarray(st.tensor(n))
+            codes = np.concatenate([((P >> 2 * k) & 3).astype(np.int8) - 1 for k in range(4)])
+            scale = float(np.asarray(st.tensor(n + "_scale"), np.float32)[0])
+            ternaries[n[:-len(".weight")]] = (codes, scale)
+        elif not n.endswith(".weight_scale"):
+            weights[n] = np.asarray(st.tensor(n), np.float32)
+    config = json.load(open(os.path.join(fixture("bitnet-packed"), "config.json")))
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    path = str(tmp_path / "f16.gguf")
+    write_gguf(path, "bitnet-25", config, weights, ternaries, "F16",
+               HFTokenizer.from_file(os.path.join(fixture("bitnet-packed"), "tokenizer.json")))
+    a, b = load(fixture("bitnet-packed")), load(path)
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        for part in ("qkv", "o", "gate_up", "down"):
+            np.testing.assert_array_equal(getattr(la, part).packed, getattr(lb, part).packed)
+            np.testing.assert_array_equal(getattr(la, part).scales, getattr(lb, part).scales)
+
+
+@pytest.mark.cpu
 def test_llama_gguf_undoes_the_qk_permutation():
     """llama.cpp stores a llama model's q/k rows permuted; the loader restores HF's order."""
     a = Model.load(fixture("llama-silu"), device="cpu", progress=False)
@@ -459,3 +490,12 @@ def test_demo_times_a_checkpoint(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["layers"] == 2 and len(report["tokens_first_sequence"]) == 4
     assert report["decode_ms_per_token"] > 0
+
+
+@pytest.mark.cpu
+def test_gguf_latent_float_weights_are_refused():
+    from bitnet_ffi.loader import float_to_codes
+    codes, m = float_to_codes(np.array([[0.5, -0.5, 0.0]], np.float16), "t")
+    assert m == 0.5 and codes.tolist() == [[1, -1, 0]]
+    with pytest.raises(UnsupportedError, match="t: float weights that are not ternary"):
+        float_to_codes(np.array([[0.5, -0.5, 0.25]], np.float16), "t")

@@ -245,7 +245,10 @@ def write_gguf(path, arch, c, weights, ternaries, kind, tokenizer):
             heads = c["num_attention_heads"] if name.endswith("q_proj") else c["num_key_value_heads"]
             codes = permute_qk(codes, heads)
         target = gguf_name(name + ".weight")
-        if kind == "I2_S":
+        if kind == "F16":  # bitnet.cpp's unquantized export: the codes, the scale apart
+            w.add_tensor(target, codes.astype(np.float16))
+            w.add_tensor(target.replace(".weight", ".scale"), np.array([scale], np.float32))
+        elif kind == "I2_S":
             # gguf does not know type 36: write the bytes as I8, then declare I2_S and the shape
             w.add_tensor(target, i2s_bytes(codes, scale).view(np.int8))
             info = w.tensors[-1][target]
