@@ -3,7 +3,7 @@ built from a Hugging Face config.json (transformers 4.x or 5.x) or from GGUF met
 
 | model | architecture | gate | sub-norms | head |
 | --- | --- | --- | --- | --- |
-| BitNet b1.58 2B4T | BitNetForCausalLM, GGUF ``bitnet-25`` | relu2 | attn_sub_norm, ffn_sub_norm | tied |
+| BitNet b1.58 2B4T | BitNetForCausalLM, GGUF ``bitnet-25`` or ``bitnet-b1.58`` | relu2 | attn_sub_norm, ffn_sub_norm | tied |
 | Falcon3-*-1.58bit, Llama3-8B-1.58 | LlamaForCausalLM, GGUF ``llama`` | silu | none | untied |
 | 1bitLLM bitnet_b1_58 | BitnetForCausalLM, GGUF ``bitnet`` | silu | inner_attn_ln, ffn_layernorm | untied |
 """
@@ -15,8 +15,8 @@ ACTIVATIONS = ("relu2", "silu")
 # architecture -> (gate activation, sub-norms present)
 HF_ARCHITECTURES = {"BitNetForCausalLM": ("relu2", True), "LlamaForCausalLM": ("silu", False),
                     "BitnetForCausalLM": ("silu", True)}
-GGUF_ARCHITECTURES = {"bitnet-25": ("relu2", True), "llama": ("silu", False),
-                      "bitnet": ("silu", True)}
+GGUF_ARCHITECTURES = {"bitnet-25": ("relu2", True), "bitnet-b1.58": ("relu2", True),
+                      "llama": ("silu", False), "bitnet": ("silu", True)}
 
 
 @dataclass(frozen=True)
