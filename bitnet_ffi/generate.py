@@ -114,6 +114,10 @@ class Model:
                         on_text(b, text)
                 if len(out[b]) >= max_tokens:
                     done[b] = True
+                if done[b] and on_text is not None:
+                    rest = streams[b].flush()
+                    if rest:
+                        on_text(b, rest)
 
         start = time.perf_counter()
         accept(session.prefill(padded, lengths))
@@ -216,12 +220,14 @@ def chat(model, sampling):
         start = time.perf_counter()
         while True:
             reply.append(token)
-            if token in tok.stop_ids or len(reply) >= sampling["max_tokens"]:
+            if token in tok.stop_ids:
                 break
             print(stream.push(token), end="", flush=True)
+            if len(reply) >= sampling["max_tokens"]:
+                break
             token = int(session.decode()[0])
         decode_s = time.perf_counter() - start
-        print()
+        print(stream.flush())
         steps = len(reply) - 1
         print(_speed({"prefill_tokens_per_s": (len(ids) - common) / prefill_s,
                       "decode_steps": steps, "decode_s": decode_s,

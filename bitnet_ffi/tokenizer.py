@@ -136,3 +136,8 @@ class TextStream:
             return ""
         self.pending = []
         return text
+
+    def flush(self):
+        """The text still waiting (an incomplete character at the end, decoded as it is)."""
+        text, self.pending = self.tokenizer.decode(self.pending), []
+        return text

@@ -499,3 +499,36 @@ def test_gguf_latent_float_weights_are_refused():
     assert m == 0.5 and codes.tolist() == [[1, -1, 0]]
     with pytest.raises(UnsupportedError, match="t: float weights that are not ternary"):
         float_to_codes(np.array([[0.5, -0.5, 0.25]], np.float16), "t")
+
+
+@pytest.mark.cpu
+def test_chat_keeps_the_cache_between_turns(monkeypatch, capsys):
+    """The second turn prefills only what follows the cached conversation, and its reply is
+    the one a fresh prefill of the whole conversation gives."""
+    import io
+    from bitnet_ffi import generate
+    from bitnet_ffi.model import Session
+    model = load(fixture("bitnet-packed"))
+    prefilled = []
+    extend = Session.extend
+    monkeypatch.setattr(Session, "extend",
+                        lambda self, ids, *a, **k: prefilled.append(len(ids[0])) or
+                        extend(self, ids, *a, **k))
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\nAnd then?\n\n"))
+    sampling = dict(max_tokens=6, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    assert generate.chat(model, sampling) == 0
+    replies = capsys.readouterr().out.splitlines()
+    monkeypatch.setattr(Session, "extend", extend)
+    assert len(replies) == 2
+    tok = model.tokenizer
+    first = [{"role": "user", "content": "Hello there"}]
+    conversation = tok.chat(first)
+    reply1 = model.generate([conversation], max_tokens=6)[0]
+    assert replies[0] == reply1.text
+    second = tok.chat(first + [{"role": "assistant", "content": reply1.text},
+                               {"role": "user", "content": "And then?"}])
+    cached = conversation + reply1.ids
+    common = next(i for i, (a, b) in enumerate(zip(second, cached + [-1])) if a != b)
+    assert common >= len(conversation) and prefilled == [len(conversation), len(second) - common]
+    reply2 = model.generate([second], max_tokens=6)[0]
+    assert replies[1] == reply2.text
