@@ -352,7 +352,8 @@ class GGUFSource(Source):
         return self.file.shape(name)
 
     def values(self, name):
-        return self.file.raw(name)
+        raw = self.file.raw(name)  # gguf hands BF16 out as its bytes
+        return raw.view(BF16) if self.file.kind(name) == "BF16" else raw
 
     def piece(self, name, rows, cols):
         weight = self.take(name + ".weight")
