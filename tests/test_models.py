@@ -532,3 +532,23 @@ def test_chat_keeps_the_cache_between_turns(monkeypatch, capsys):
     assert common >= len(conversation) and prefilled == [len(conversation), len(second) - common]
     reply2 = model.generate([second], max_tokens=6)[0]
     assert replies[1] == reply2.text
+
+
+@pytest.mark.cpu
+def test_1bitllm_sub_norm_names(tmp_path):
+    """1bitLLM's BitnetForCausalLM names its sub-norms self_attn.inner_attn_ln and
+    mlp.ffn_layernorm: bitnet-packed renamed so (and kept relu2) loads to the same weights."""
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = data[8:8 + n].replace(b"self_attn.attn_sub_norm", b"self_attn.inner_attn_ln")
+    header = header.replace(b"mlp.ffn_sub_norm", b"mlp.ffn_layernorm")
+    header += b" " * (-len(header) % 8)
+    f.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + n:])
+    edit_config(d, architectures=["BitnetForCausalLM"], hidden_act="relu2")
+    a, b = load(fixture("bitnet-packed")), load(d)
+    assert b.config.sub_norms and b.config.activation == "relu2"
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        np.testing.assert_array_equal(la.attn_sub_norm, lb.attn_sub_norm)
+        np.testing.assert_array_equal(la.ffn_sub_norm, lb.ffn_sub_norm)
