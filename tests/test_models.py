@@ -552,3 +552,43 @@ def test_1bitllm_sub_norm_names(tmp_path):
     for la, lb in zip(a.weights.layers, b.weights.layers):
         np.testing.assert_array_equal(la.attn_sub_norm, lb.attn_sub_norm)
         np.testing.assert_array_equal(la.ffn_sub_norm, lb.ffn_sub_norm)
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype code, shape, raw bytes)."""
+    header, offset, blobs = {}, 0, []
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+@pytest.mark.cpu
+def test_sharded_checkpoint_loads_the_same(tmp_path):
+    from bitnet_ffi.safetensors_file import DTYPES, SafetensorsFile
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    single = SafetensorsFile(d / "model.safetensors")
+    codes = {v: k for k, v in DTYPES.items()}
+    names = single.names()
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, part in shards.items():
+        write_safetensors(d / shard, {n: (codes[single.dtype(n)], single.shape(n),
+                                          single.tensor(n).tobytes()) for n in part})
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: s for s, part in shards.items() for n in part}}))
+    a, b = load(fixture("bitnet-packed")), load(d)
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        np.testing.assert_array_equal(la.gate_up.packed, lb.gate_up.packed)
+        np.testing.assert_array_equal(la.qkv.scales, lb.qkv.scales)
+    np.testing.assert_array_equal(a.weights.embedding, b.weights.embedding)
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors",
+                        names[1]: "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(CorruptFileError, match="listed in .*index.json, is not in the file"):
+        load(d)
