@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import _arrays
+from . import _arrays, _ffi
 from .config import Config
 from .errors import BitNetError, CorruptFileError, UnsupportedError
 from .gguf_file import GGUFFile, require
@@ -187,6 +187,8 @@ class Source:
                 raise CorruptFileError(f"{self.where(extra[0])}: tensor {extra[0]} is not part "
                                        f"of the model ({len(extra)} such tensors: "
                                        f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''})")
+            if device != _arrays.CPU:  # quantize_i2s's work ends before any GEMV reads it
+                _ffi.call("device_synchronize", device)
             return Weights(c, layers, final_norm, embedding, head)
         except BaseException:
             layers.clear()  # frees what is already on the device (the exception keeps frames)
