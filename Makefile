@@ -2,6 +2,7 @@
 #   make                      all default GPU architectures (sm_75 ... sm_90 + PTX)
 #   make CUDA_ARCHS=90        only sm_90 (faster builds for one machine)
 #   make BITNET_CPU_ONLY=1    the CPU-only library even where nvcc exists
+#   make install PREFIX=/usr/local   the library (with its SONAME links) and bitnet.h, for C users
 #   make clean
 #   make demo / make test     set up .venv, build, and run the main job / the tests (see README);
 #                             make test also runs tier 1 against the library built with ASan + UBSan
@@ -11,6 +12,11 @@ ifeq ($(MAKELEVEL),0)
 MAKEFLAGS   += -j$(shell nproc 2>/dev/null || echo 2)
 endif
 LIB         := $(BUILD_DIR)/libbitnet.so
+# The version lives in bitnet.h (BITNET_VERSION_*). While the major version is 0 any minor version
+# may change the ABI, so the SONAME carries both.
+VERSION_OF   = $(shell sed -n 's/^\#define BITNET_VERSION_$(1) \([0-9]*\)$$/\1/p' native/include/bitnet.h)
+VERSION     := $(call VERSION_OF,MAJOR).$(call VERSION_OF,MINOR).$(call VERSION_OF,PATCH)
+SONAME      := libbitnet.so.$(call VERSION_OF,MAJOR).$(call VERSION_OF,MINOR)
 CUDA_ARCHS  ?= 75 80 86 89 90
 CC          ?= cc
 PYTHON      ?= python3
@@ -27,7 +33,10 @@ CPPFLAGS  := -Inative/include -Inative/src
 OPT       ?= -O3
 SANITIZE  ?=
 CFLAGS    := $(OPT) $(SANITIZE) -std=gnu11 -fPIC -fopenmp -Wall -Wextra -Wshadow
-LDFLAGS   := -shared -fopenmp $(SANITIZE) -Wl,--version-script=native/bitnet.map -Wl,--no-undefined
+# -z nodelete: once loaded, the library (and libgomp with it) stays for the life of the process, so
+# that no loader's unload can pull the code from under OpenMP worker threads that are still running.
+LDFLAGS   := -shared -fopenmp $(SANITIZE) -Wl,--version-script=native/bitnet.map -Wl,--no-undefined \
+             -Wl,-soname,$(SONAME) -Wl,-z,nodelete
 
 ifneq ($(NVCC),)
 BACKEND   := cuda
@@ -52,27 +61,54 @@ OBJ_DIR := $(BUILD_DIR)/obj-$(BACKEND)
 C_OBJS  := $(C_SRCS:native/src/%.c=$(OBJ_DIR)/%.o)
 CU_OBJS := $(CU_SRCS:native/src/%.cu=$(OBJ_DIR)/%.cu.o)
 
-.PHONY: all clean demo test asan asan-test
+.PHONY: all clean install demo test asan asan-test
 all: $(LIB)
 ifeq ($(BACKEND),cpu)
 	@echo "libbitnet: nvcc not found (or BITNET_CPU_ONLY=1): built the CPU-only library $(LIB)"
 endif
 
-# The backend and flags are recorded so that switching them rebuilds the library.
+# The backend and flags are recorded so that switching them recompiles and relinks the library.
+# $(call record,FILE,TEXT) rewrites FILE only when TEXT changed.
+record = @mkdir -p $(dir $(1)); echo "$(2)" | cmp -s - $(1) || echo "$(2)" > $(1)
 $(BUILD_DIR)/config.$(BACKEND): FORCE
-	@mkdir -p $(BUILD_DIR)
-	@echo "$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS)" | cmp -s - $@ || echo "$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS)" > $@
+	$(call record,$@,$(CC) $(CFLAGS) $(NVCC) $(NVCCFLAGS))
+$(BUILD_DIR)/config.link: FORCE
+	$(call record,$@,$(BACKEND) $(CC) $(LDFLAGS) $(LDLIBS))
 
-$(LIB): $(C_OBJS) $(CU_OBJS) native/bitnet.map $(BUILD_DIR)/config.$(BACKEND)
+# The link named by the SONAME lets a C program linked with -Lbuild -lbitnet run from build/.
+$(LIB): $(C_OBJS) $(CU_OBJS) native/bitnet.map $(BUILD_DIR)/config.link
 	$(CC) $(LDFLAGS) -o $@ $(C_OBJS) $(CU_OBJS) $(LDLIBS)
+	ln -sf libbitnet.so $(BUILD_DIR)/$(SONAME)
 
 $(OBJ_DIR)/%.o: native/src/%.c $(BUILD_DIR)/config.$(BACKEND)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(OBJ_DIR)/%.cu.o: native/src/%.cu $(BUILD_DIR)/config.$(BACKEND)
+# Compiling every architecture takes minutes on a small machine: say so, and how to skip it, once
+# before the CUDA objects are compiled.
+$(OBJ_DIR)/%.cu.o: native/src/%.cu $(BUILD_DIR)/config.$(BACKEND) | $(OBJ_DIR)/cuda-notice
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(OBJ_DIR)/cuda-notice: $(BUILD_DIR)/config.$(BACKEND)
+	@mkdir -p $(dir $@)
+	@echo "libbitnet: nvcc found: compiling the CUDA backend for GPU architecture(s) $(CUDA_ARCHS)," \
+	    "minutes of work on a small machine.$(if $(shell nvidia-smi -L 2>/dev/null),, No NVIDIA GPU" \
+	    "is visible here.) To skip CUDA: make BITNET_CPU_ONLY=1$(if $(word 2,$(CUDA_ARCHS)),; for" \
+	    "one architecture: make CUDA_ARCHS=90)."
+	@touch $@
+
+# C users: make install PREFIX=... [DESTDIR=...] installs lib/libbitnet.so.$(VERSION) with the
+# links libbitnet.so.MAJOR.MINOR (the SONAME) and libbitnet.so, and include/bitnet.h.
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)
+	install -m 755 $(LIB) $(DESTDIR)$(LIBDIR)/libbitnet.so.$(VERSION)
+	ln -sf libbitnet.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libbitnet.so
+	install -m 644 native/include/bitnet.h $(DESTDIR)$(INCLUDEDIR)/bitnet.h
 
 clean:
 	rm -rf $(BUILD_DIR)
@@ -80,7 +116,7 @@ clean:
 # A virtual environment with the package (editable) and what the tests need.
 VENV ?= .venv
 TIER ?= auto
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -e '.[test]'

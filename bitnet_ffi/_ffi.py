@@ -16,6 +16,8 @@ LIBRARY_NAME = "libbitnet.so"
 
 ffi = cffi.FFI()
 _lib = None
+loaded_path = None  # the libbitnet.so that lib() loaded
+_declared = False
 _lock = threading.Lock()
 
 
@@ -32,16 +34,23 @@ def _header_declarations():
 
 
 def library_candidates():
-    """Where the library is looked for, in order: BITNET_LIB alone if set, else the package folder
-    and the repository's build folder."""
+    """Where the library is looked for, in order: BITNET_LIB alone if set (a file, or a folder
+    holding libbitnet.so), else the package folder and the repository's build folder."""
     override = os.environ.get("BITNET_LIB")
     if override:
-        return [Path(override)]
+        path = Path(override)
+        return [path / LIBRARY_NAME if path.is_dir() else path]
     return [PACKAGE_DIR / LIBRARY_NAME, REPO_DIR / "build" / LIBRARY_NAME]
 
 
+def in_checkout():
+    """True when the package runs from a source checkout (or an editable install of one), where
+    `make` builds the library; False for an installed wheel."""
+    return (REPO_DIR / "Makefile").is_file() and (REPO_DIR / "native").is_dir()
+
+
 def lib():
-    """The loaded library (loaded on first use)."""
+    """The loaded library (loaded on first use; a failed load is tried again on the next call)."""
     global _lib
     if _lib is None:
         with _lock:
@@ -50,20 +59,39 @@ def lib():
     return _lib
 
 
+def _declare():
+    """Gives cffi the header's declarations, once per process (a second cdef would redeclare)."""
+    global _declared
+    if not _declared:
+        ffi.cdef(_header_declarations())
+        _declared = True
+
+
 def _load():
-    ffi.cdef(_header_declarations())
+    global loaded_path
+    _declare()
     tried = []
     for path in library_candidates():
         if not path.is_file():
             tried.append(f"{path} (not found)")
             continue
         try:
-            return ffi.dlopen(str(path))
+            # Loaded for the life of the process: unloading it at exit would unload libgomp under
+            # its still running worker threads (a crash at exit). The library is also linked with
+            # -z nodelete, which keeps it loaded for any other loader.
+            library = ffi.dlopen(str(path), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
+            loaded_path = path
+            return library
         except OSError as exc:
             tried.append(f"{path} ({exc})")
-    raise LibraryNotFoundError(
-        "libbitnet.so could not be loaded. Tried: " + "; ".join(tried) +
-        ". Run `make` in the repository root to build it, or set BITNET_LIB to its path.")
+    if in_checkout():
+        hint = f"Run `make` in {REPO_DIR} to build it"
+    else:
+        hint = (f"This installed bitnet-ffi ({PACKAGE_DIR}) lacks it: reinstall the package "
+                "from its source (`pip install --force-reinstall` the sdist or a checkout), with "
+                "make and a C compiler present, which builds it")
+    raise LibraryNotFoundError("libbitnet.so could not be loaded. Tried: " + "; ".join(tried) +
+                               f". {hint}, or set BITNET_LIB to its path (or its folder).")
 
 
 def last_error():

@@ -1,10 +1,12 @@
-"""python -m bitnet_ffi COMMAND: info (devices and selection), demo (the main job: a BitNet b1.58
-2B4T decode through the library), generate (text from a real checkpoint)."""
+"""bitnet-ffi (or python -m bitnet_ffi) COMMAND: info (devices and selection), demo (the main
+job: a BitNet b1.58 2B4T decode through the library), generate (text from a real checkpoint)."""
 import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
+from . import __version__, _ffi, library_version
 from .device import select
 from .errors import BitNetError
 
@@ -44,8 +46,19 @@ def info(args):
     return 0
 
 
+def _version():
+    try:
+        return (f"bitnet-ffi {__version__}, libbitnet {'.'.join(map(str, library_version()))} "
+                f"({_ffi.loaded_path})")
+    except BitNetError as exc:
+        return f"bitnet-ffi {__version__}, libbitnet not loaded: {exc}"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m bitnet_ffi", description=__doc__)
+    prog = "python -m bitnet_ffi" if Path(sys.argv[0]).name == "__main__.py" else "bitnet-ffi"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
     info_parser = commands.add_parser("info", help="show devices and which one is selected")
     info_parser.add_argument("--json", action="store_true", help="print one JSON object")

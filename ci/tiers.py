@@ -1,12 +1,13 @@
 """Runs the test tiers this machine can run, and says which ran and why.
 
-    python ci/tiers.py [--tier auto|1|2|3|4] [extra pytest arguments]
+    python ci/tiers.py [--tier auto|1|2|3|4|soak] [extra pytest arguments]
 
 Tiers: 1 cpu (anywhere), 2 gpu_smoke, 3 gpu (integration, GPU-vs-CPU parity), 4 perf (benchmarks),
-plus multi_gpu where two or more GPUs exist. auto runs tier 1, and tiers 2 and 3 (and multi_gpu)
-on a machine with a real CUDA GPU; tier 4 runs only when asked for. GPUs are probed through
-libbitnet itself, so BITNET_GPU_FAKE never counts. An explicit GPU tier on a machine without one
-runs anyway: its tests skip, or fail under BITNET_STRICT_MODE=1."""
+plus multi_gpu where two or more GPUs exist, and soak (the CPU memory soak, anywhere). auto runs
+tier 1 and soak, and tiers 2 and 3 (and multi_gpu) on a machine with a real CUDA GPU; tier 4 runs
+only when asked for. GPUs are probed through libbitnet itself, so BITNET_GPU_FAKE never counts.
+A GPU tier asked for by number on a machine without a real CUDA GPU fails at once, saying why:
+nothing would be tested."""
 import argparse
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIERS = {"1": ("cpu", "runs anywhere"), "2": ("gpu_smoke", "quick GPU checks"),
-         "3": ("gpu", "GPU integration and parity"), "4": ("perf", "benchmarks")}
+         "3": ("gpu", "GPU integration and parity"), "4": ("perf", "benchmarks"),
+         "soak": ("soak", "CPU memory soak, runs anywhere")}
+NEEDS_GPU = ("2", "3", "4")
 
 
 def probe():
@@ -26,12 +29,21 @@ def probe():
     return count[0], _ffi.ffi.string(reason[0]).decode()
 
 
+def refusal(tier, gpus, reason):
+    """Why an explicitly requested tier cannot run on this machine, or None if it can."""
+    if tier in NEEDS_GPU and not gpus:
+        marker, what = TIERS[tier]
+        return (f"tier {tier} ({marker}: {what}) needs a real CUDA GPU and this machine has none "
+                f"({reason}); its tests would all skip. --tier auto runs what this machine can.")
+    return None
+
+
 def choose(tier, gpus, reason):
     """[(marker, why)] to run, and [(marker, why not)] skipped."""
     if tier != "auto":
         marker, what = TIERS[tier]
         return [(marker, f"asked for ({what}); {gpus} real GPU(s)")], []
-    run, skipped = [("cpu", "tier 1 runs anywhere")], []
+    run, skipped = [("cpu", "tier 1 runs anywhere"), ("soak", TIERS["soak"][1])], []
     for number in ("2", "3"):
         marker, what = TIERS[number]
         if gpus:
@@ -51,6 +63,10 @@ def main():
     parser.add_argument("--tier", default="auto", choices=["auto", *TIERS])
     args, pytest_args = parser.parse_known_args()
     gpus, reason = probe()
+    refused = refusal(args.tier, gpus, reason)
+    if refused:
+        print(f"[tiers] error: {refused}", file=sys.stderr)
+        return 2
     run, skipped = choose(args.tier, gpus, reason)
     for marker, why in run:
         print(f"[tiers] run  {marker:10s} {why}")

@@ -1,7 +1,7 @@
 """Test tiers and shared fixtures.
 
-Every test carries exactly one tier marker (cpu, gpu_smoke, gpu, perf) and may add multi_gpu. A test
-that needs a GPU skips with a reason where no real CUDA GPU exists, and fails instead under
+Every test carries exactly one tier marker (cpu, gpu_smoke, gpu, perf, soak) and may add multi_gpu.
+A test that needs a GPU skips with a reason where no real CUDA GPU exists, and fails instead under
 BITNET_STRICT_MODE=1. Random inputs come from the `rng` fixture, whose seed is printed (set
 BITNET_TEST_SEED to replay one)."""
 import os
@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-TIER_MARKERS = ("cpu", "gpu_smoke", "gpu", "perf")
+TIER_MARKERS = ("cpu", "gpu_smoke", "gpu", "perf", "soak")
 
 try:  # hypothesis profiles for the property tests: "ci" (default, keeps tier 1 fast), "deep" (GPU
     # machine). The ISA fixture is reset once per test, not per example: that health check is off.

@@ -76,20 +76,61 @@ def test_not_a_library_is_reported(tmp_path):
 
 
 def test_missing_library_lists_every_path_tried(tmp_path):
+    """An installed package (no Makefile beside it) is told to reinstall; a checkout to run make."""
     package = tmp_path / "bitnet_ffi"
     shutil.copytree(REPO / "bitnet_ffi", package, ignore=shutil.ignore_patterns("*.so"))
     shutil.copy(REPO / "native" / "include" / "bitnet.h", package / "bitnet.h")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BITNET_")}
-    result = subprocess.run([sys.executable, "-c", "import bitnet_ffi; bitnet_ffi.library_version()"],
-                            capture_output=True, text=True, cwd=str(tmp_path), env=environment)
-    assert result.returncode != 0
-    assert f"{package / 'libbitnet.so'} (not found)" in result.stderr
-    assert f"{tmp_path / 'build' / 'libbitnet.so'} (not found)" in result.stderr
-    assert "Run `make`" in result.stderr
+
+    def load_error():
+        result = subprocess.run([sys.executable, "-c", "import bitnet_ffi; bitnet_ffi.library_version()"],
+                                capture_output=True, text=True, cwd=str(tmp_path), env=environment)
+        assert result.returncode != 0
+        assert f"{package / 'libbitnet.so'} (not found)" in result.stderr
+        assert f"{tmp_path / 'build' / 'libbitnet.so'} (not found)" in result.stderr
+        return result.stderr
+
+    installed = load_error()
+    assert "reinstall the package from its source" in installed and "Run `make`" not in installed
+    shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "native").mkdir()
+    assert f"Run `make` in {tmp_path} to build it" in load_error()
 
 
-def test_version():
-    assert bitnet_ffi.library_version() == tuple(int(p) for p in bitnet_ffi.__version__.split("."))
+def test_failed_load_is_retried():
+    """A bad BITNET_LIB fails every time with the same error; once fixed, the next call works."""
+    library = next(p for p in _ffi.library_candidates() if p.is_file())
+    result = run_python(
+        "import os, bitnet_ffi\n"
+        "for _ in range(3):\n"
+        "    try:\n        bitnet_ffi.library_version()\n"
+        "    except bitnet_ffi.LibraryNotFoundError as e:\n        print('LibraryNotFoundError', e)\n"
+        f"os.environ['BITNET_LIB'] = {str(library)!r}\n"
+        "print(bitnet_ffi.library_version())\n", BITNET_LIB="/nonexistent/libbitnet.so")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 4 and len(set(lines[:3])) == 1, result.stdout
+    assert "/nonexistent/libbitnet.so (not found)" in lines[0]
+    assert lines[3] == str(bitnet_ffi.library_version())
+
+
+def test_bitnet_lib_may_name_a_folder(tmp_path):
+    library = next(p for p in _ffi.library_candidates() if p.is_file())
+    result = run_python("import bitnet_ffi; print(bitnet_ffi.library_version())",
+                        BITNET_LIB=str(library.parent))
+    assert result.returncode == 0, result.stderr
+    empty = run_python("import bitnet_ffi; bitnet_ffi.library_version()", BITNET_LIB=str(tmp_path))
+    assert f"{tmp_path / 'libbitnet.so'} (not found)" in empty.stderr
+
+
+def test_version_is_the_same_everywhere():
+    """The header's BITNET_VERSION_* macros, bitnet_get_version, the package and pyproject.toml."""
+    header = (REPO / "native" / "include" / "bitnet.h").read_text()
+    macros = tuple(int(re.search(rf"^#define BITNET_VERSION_{part} (\d+)$", header, re.M).group(1))
+                   for part in ("MAJOR", "MINOR", "PATCH"))
+    pyproject = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.M)
+    assert bitnet_ffi.library_version() == macros
+    assert bitnet_ffi.__version__ == pyproject.group(1) == ".".join(map(str, macros))
 
 
 @pytest.mark.parametrize("status,cls", [(1, errors.InvalidArgumentError),

@@ -33,7 +33,7 @@ def one_rejected_call(inputs):
         bn.rmsnorm(inputs["hidden"], inputs["norm_w"], eps=float("nan"))
 
 
-@pytest.mark.cpu
+@pytest.mark.soak
 @pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
                     reason="ASan's quarantine holds freed memory, so RSS grows without a leak")
 def test_cpu_op_calls_do_not_grow_host_memory(capsys):

@@ -22,6 +22,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The version of this header; bitnet_get_version gives the loaded library's (the same for a
+ * matching pair). The Python package and pyproject.toml carry the same number. */
+#define BITNET_VERSION_MAJOR 0
+#define BITNET_VERSION_MINOR 1
+#define BITNET_VERSION_PATCH 0
+
 #ifdef __cplusplus
 extern "C" {
 #endif

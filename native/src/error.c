@@ -22,9 +22,9 @@ bitnet_status bitnet_get_last_error(const char **message) {
 
 bitnet_status bitnet_get_version(int32_t *major, int32_t *minor, int32_t *patch) {
     BN_CHECK(major && minor && patch, "bitnet_get_version: NULL output pointer");
-    *major = BN_VERSION_MAJOR;
-    *minor = BN_VERSION_MINOR;
-    *patch = BN_VERSION_PATCH;
+    *major = BITNET_VERSION_MAJOR;
+    *minor = BITNET_VERSION_MINOR;
+    *patch = BITNET_VERSION_PATCH;
     return BITNET_OK;
 }
 

@@ -8,10 +8,6 @@
 extern "C" {
 #endif
 
-#define BN_VERSION_MAJOR 0
-#define BN_VERSION_MINOR 1
-#define BN_VERSION_PATCH 0
-
 /* Records a printf-style message for the calling thread and returns `status`. */
 bitnet_status bn_fail(bitnet_status status, const char *format, ...)
     __attribute__((format(printf, 2, 3)));
@@ -110,6 +106,11 @@ bitnet_status bn_cuda_stream_synchronize(void *stream);
 
 /* Each op adds its backend entry points below: bn_cpu_<op> and bn_cuda_<op>, with the public
  * signature's arguments after validation. */
+
+/* A CPU op runs its loops on OpenMP threads only from this much work up (elements, or multiply-adds
+ * for the GEMVs and attention, counted in double where int64 could overflow): below it, waking and
+ * joining the threads costs more than the loop (`#pragma omp parallel ... if (work >= ...)`). */
+enum { BN_CPU_PARALLEL_MIN_WORK = 65536 };
 
 /* ---- W2A8 GEMV and ternary / int8 quantization ---- */
 

@@ -143,7 +143,8 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
     }
     int failed = 0;
 
-#pragma omp parallel reduction(|| : failed)
+#pragma omp parallel reduction(|| : failed) \
+    if ((double)B * Sq * Hq * C * D >= BN_CPU_PARALLEL_MIN_WORK)
     {
         float *buffer = malloc((size_t)floats_per_item * sizeof(float));
         failed = buffer == NULL;
@@ -185,7 +186,8 @@ bitnet_status bn_cpu_attention(int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
     if (splits > 1 && !failed) {
         /* out = sum_s w_s acc_s / sum_s w_s l_s, w_s = e^(m_s - max_s m_s); an empty range has
          * m = -inf, so its weight is 0. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) \
+    if ((double)tasks * splits * rows_max * D >= BN_CPU_PARALLEL_MIN_WORK)
         for (int64_t task = 0; task < tasks; task++) {
             struct task x = task_rows(task, Hkv, tiles, Sq, G);
             float *first = partials + task * splits * partial_floats;

@@ -10,7 +10,7 @@ bitnet_status bn_cpu_gemv_bf16(const void *w, int64_t M, int64_t K, const void *
     if (!x_float) return bn_fail(BITNET_ERR_OUT_OF_MEMORY, "gemv_bf16: no host memory for x");
     bn_load_floats(x_dtype, x, 0, N * K, x_float);
     const uint16_t *weights = (const uint16_t *)w;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((double)M * K * N >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t m = 0; m < M; m++) {
         const uint16_t *row = weights + m * K;
         for (int64_t n = 0; n < N; n++) {

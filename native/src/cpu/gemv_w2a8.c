@@ -184,7 +184,7 @@ bitnet_status bn_cpu_gemv_w2a8(const uint8_t *w_packed, const float *w_scales, i
         for (int64_t k = 0; k < K; k++) sum += x_q[n * K + k];
         x_sums[n] = sum;
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((double)M * K * N >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t m = 0; m < M; m++) {
         const uint8_t *w_row = w_packed + m * (K / 4);
         for (int64_t n0 = 0; n0 < N; n0 += TOKEN_GROUP) {

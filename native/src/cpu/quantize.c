@@ -50,7 +50,8 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
                                   uint8_t *w_packed, float *w_scales) {
     /* Weights must be finite: checked before anything is written. */
     int64_t first = INT64_MAX;
-#pragma omp parallel for schedule(static) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(min : first) \
+    if (M * K >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t m = 0; m < M; m++) {
         const int64_t k = m * K < first ? first_non_finite_in_row(w, w_dtype, m, K) : -1;
         if (k >= 0 && m * K + k < first) first = m * K + k;
@@ -63,7 +64,7 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
     /* Row sums of |w| in float64, kept in w_packed (M * 8 <= M * K / 4 bytes) until the codes
      * overwrite them, so that segment sums are added in one fixed order. */
     double *row_sums = (double *)(void *)w_packed;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * K >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t m = 0; m < M; m++) {
         double sum = 0.0;
         float chunk[CHUNK];
@@ -84,7 +85,7 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
         for (int64_t m = row; m < row + rows; m++) w_scales[m] = scale;
         row += rows;
     }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M * K >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t m = 0; m < M; m++) {
         float chunk[CHUNK];
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {
@@ -103,20 +104,21 @@ bitnet_status bn_cpu_quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int
 
 bitnet_status bn_cpu_pack_ternary(const int8_t *w_q, int64_t M, int64_t K, uint8_t *w_packed) {
     int64_t count = M * K, bad = INT64_MAX; /* the first value that is not ternary */
-#pragma omp parallel for schedule(static) reduction(min : bad)
+#pragma omp parallel for schedule(static) reduction(min : bad) \
+    if (count >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t i = 0; i < count; i++)
         if (w_q[i] < -1 || w_q[i] > 1) bad = i < bad ? i : bad;
     if (bad != INT64_MAX)
         return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_pack_ternary: w_q[%lld, %lld] = %d is "
                        "not -1, 0 or 1", (long long)(bad / K), (long long)(bad % K), w_q[bad]);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t i = 0; i < count; i += 16) pack_word(w_q + i, w_packed + i / 4);
     return BITNET_OK;
 }
 
 bitnet_status bn_cpu_unpack_ternary(const uint8_t *w_packed, int64_t M, int64_t K, int8_t *w_q) {
     int64_t count = M * K;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t i = 0; i < count; i += 16)
         for (int i2 = 0; i2 < 4; i2++)
             for (int b = 0; b < 4; b++)
@@ -126,7 +128,7 @@ bitnet_status bn_cpu_unpack_ternary(const uint8_t *w_packed, int64_t M, int64_t 
 
 bitnet_status bn_cpu_quantize_a8(const void *x, int32_t x_dtype, int64_t N, int64_t K, int8_t *x_q,
                                  float *x_scales) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * K >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t n = 0; n < N; n++) {
         float max_abs = 0.0f, chunk[CHUNK];
         for (int64_t k0 = 0; k0 < K; k0 += CHUNK) {

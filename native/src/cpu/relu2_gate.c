@@ -29,7 +29,7 @@ void bn_cpu_relu2_span(int32_t dtype, const void *gate_up, int64_t gate, int64_t
 }
 
 bitnet_status bn_cpu_relu2_gate(int32_t dtype, int64_t T, int64_t F, const void *gate_up, void *out) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * F >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t t = 0; t < T; t++) bn_cpu_relu2_span(dtype, gate_up, t * 2 * F, F, F, out, t * F);
     return BITNET_OK;
 }

@@ -122,7 +122,7 @@ static void norm_row(const norm_args *a, int64_t row) {
 }
 
 static bitnet_status norm_rows(const norm_args *a, int64_t T) {
-#pragma omp parallel for schedule(static) if (T * a->H >= 65536)
+#pragma omp parallel for schedule(static) if (T * a->H >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t t = 0; t < T; t++) norm_row(a, t);
     return BITNET_OK;
 }

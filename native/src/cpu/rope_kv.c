@@ -18,7 +18,8 @@ bitnet_status bn_cpu_rope_append_kv(int32_t dtype, int64_t B, int64_t S, int64_t
                                     int64_t D, void *q, const void *k, const void *v, void *k_cache,
                                     void *v_cache, int64_t C, const int32_t *positions, float theta) {
     int64_t half = D / 2, elem = bn_dtype_size(dtype);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) \
+    if (B * S * (Hq + 2 * Hkv) * D >= BN_CPU_PARALLEL_MIN_WORK)
     for (int64_t token = 0; token < B * S; token++) {
         int64_t b = token / S, p = positions[b] + token % S;
         float cosines[512], sines[512];
