@@ -592,3 +592,15 @@ def test_sharded_checkpoint_loads_the_same(tmp_path):
                         names[1]: "model-00001-of-00002.safetensors"}}))
     with pytest.raises(CorruptFileError, match="listed in .*index.json, is not in the file"):
         load(d)
+
+
+@pytest.mark.cpu
+def test_cli_errors_are_clear(capsys, tmp_path):
+    from bitnet_ffi.cli import main
+    assert main(["generate", "--model", str(tmp_path / "nothing"), "--prompt", "x",
+                 "--device", "cpu"]) == 2
+    assert "no such model directory or file" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["generate", "--model", str(tmp_path / "notes.txt"), "--prompt", "x",
+                 "--device", "cpu"]) == 2
+    assert "neither a model directory" in capsys.readouterr().err
