@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _arrays
 from .device import resolve, select
 from .errors import InvalidArgumentError
 from .loader import open_source
