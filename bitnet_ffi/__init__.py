@@ -9,7 +9,7 @@ from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CudaErr
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError,
                      OutOfMemoryError, UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer import relu2_gate, rope_append_kv
+from .layer_glue import relu2_gate, rope_append_kv
 from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm, rmsnorm_quantize
 from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
                       quantize_i2s, set_cpu_isa)

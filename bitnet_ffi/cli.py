@@ -1,5 +1,6 @@
 """bitnet-ffi (or python -m bitnet_ffi) COMMAND: info (devices and selection), demo (the main
-job: a BitNet b1.58 2B4T decode through the library), generate (text from a real checkpoint)."""
+job: a BitNet b1.58 2B4T decode through the library), generate (text from a real
+checkpoint), tp (tensor-parallel decode over several GPUs)."""
 import argparse
 import json
 import os
@@ -74,6 +75,11 @@ def main(argv=None):
                                                            "(Hugging Face directory or GGUF)")
     generate.add_arguments(generate_parser)
     generate_parser.set_defaults(run=generate.main)
+    from . import tp_demo
+    tp_parser = commands.add_parser("tp", help="tensor-parallel decode over --tp GPUs, one "
+                                               "process each")
+    tp_demo.add_arguments(tp_parser)
+    tp_parser.set_defaults(run=tp_demo.main)
     args = parser.parse_args(argv)
     try:
         status = args.run(args)

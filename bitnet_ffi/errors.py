@@ -67,5 +67,22 @@ class CorruptFileError(BitNetError, ValueError):
     message names the file and the tensor)."""
 
 
+class CommunicationError(BitNetError, RuntimeError):
+    """A collective between ranks failed: an NCCL error (``status`` is then the ncclResult_t), a
+    libnccl that cannot be loaded, or a rank that could not start."""
+
+
+class RankFailedError(CommunicationError):
+    """Another rank of a multi-GPU run failed (or timed out); ``failed_rank`` names it (None when
+    no single rank is to blame, e.g. a timeout of several)."""
+
+    def __init__(self, message, failed_rank=None):
+        super().__init__(message)
+        self.failed_rank = failed_rank
+
+
 BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, UnsupportedError, NoDeviceError,
                                          OutOfMemoryError, CudaError, InternalError)}
+# ncclResult_t -> exception (bitnet_ffi.nccl): usage errors are ours, CUDA errors CUDA's.
+BY_NCCL_RESULT = {1: CudaError, 2: CommunicationError, 3: InternalError, 4: InvalidArgumentError,
+                  5: InvalidArgumentError, 6: CommunicationError, 8: CommunicationError}

@@ -23,7 +23,7 @@ from .config import Config
 from .cuda_graph import Graph, Stream
 from .errors import InvalidArgumentError, UnsupportedError
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer import rope_append_kv
+from .layer_glue import rope_append_kv
 from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
 from .ternary import TernaryWeights, gemv_w2a8, quantize_a8, quantize_i2s
 

@@ -2,8 +2,9 @@
 
     python ci/tiers.py [--tier auto|1|2|3|4|soak] [extra pytest arguments]
 
-Tiers: 1 cpu (anywhere), 2 gpu_smoke, 3 gpu (integration, GPU-vs-CPU parity), 4 perf (benchmarks),
-plus multi_gpu where two or more GPUs exist, and soak (the CPU memory soak, anywhere). auto runs
+Tiers: 1 cpu (anywhere), 2 gpu_smoke, 3 gpu (integration, GPU-vs-CPU parity), 4 perf (the
+performance targets, on an H100), plus multi_gpu where two or more GPUs exist, and soak (the CPU
+memory soak, anywhere). auto runs
 tier 1 and soak, and tiers 2 and 3 (and multi_gpu) on a machine with a real CUDA GPU; tier 4 runs
 only when asked for. GPUs are probed through libbitnet itself, so BITNET_GPU_FAKE never counts.
 A GPU tier asked for by number on a machine without a real CUDA GPU fails at once, saying why:
@@ -15,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TIERS = {"1": ("cpu", "runs anywhere"), "2": ("gpu_smoke", "quick GPU checks"),
-         "3": ("gpu", "GPU integration and parity"), "4": ("perf", "benchmarks"),
+         "3": ("gpu", "GPU integration and parity"), "4": ("perf", "performance targets on an H100"),
          "soak": ("soak", "CPU memory soak, runs anywhere")}
 NEEDS_GPU = ("2", "3", "4")
 

@@ -28,8 +28,6 @@ try:  # hypothesis profiles for the property tests: "ci" (default, keeps tier 1 
 except ImportError:
     pass
 
-GPU_MARKERS = ("gpu_smoke", "gpu", "multi_gpu")
-
 
 def real_gpu_count():
     """Real CUDA devices, whatever BITNET_GPU_FAKE says (0 if the library cannot be loaded)."""
@@ -71,8 +69,8 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture
 def cuda():
-    """For tests outside the GPU tiers (perf) that need a GPU: the device index 0, after the same
-    skip-or-fail rule as the GPU tiers."""
+    """For tests outside the GPU tiers (perf: tests/test_targets.py) that need a GPU: the device
+    index 0, after the same skip-or-fail rule as the GPU tiers."""
     require_gpus(1)
     return 0
 
@@ -110,3 +108,16 @@ def first_call_in_a_graph_capture():
         assert done.returncode == 0, done.stderr
         return done.stdout
     return run
+
+
+@pytest.fixture(params=["portable", "avx2", "avx512-vnni"])
+def isa(request):
+    """Each CPU SIMD path this machine runs, set for the test (skipped where the CPU lacks it)."""
+    import bitnet_ffi as bn
+    from reference import cpu_isas
+    if request.param not in cpu_isas():
+        pytest.skip(f"this CPU cannot run the {request.param} path")
+    bn.set_cpu_isa(request.param)
+    assert bn.cpu_isa() == request.param
+    yield request.param
+    bn.set_cpu_isa("auto")

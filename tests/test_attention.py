@@ -1,51 +1,16 @@
 """Attention: CPU and CUDA against a float64 numpy reference, the GPU also against the CPU and torch
 SDPA; the split-KV decode and mma prefill paths; bad input at the C ABI and in Python."""
-import math
 
 import numpy as np
 import pytest
 
 import bitnet_ffi
-from bitnet_ffi import _arrays, _ffi
-from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
-from test_gemv_w2a8 import isa  # noqa: F401 (fixture: each CPU SIMD path this machine runs)
+
+from reference import (ATTENTION_TOL as TOLERANCE, attention_poisoned as poisoned,
+                       make_attention_inputs as make_qkv, reference_attention, torch_inputs)
 
 
-def reference_attention(q, k, v, causal=True, scale=None, seq_lens=None, rows=None):
-    """float64 attention; q [B, Sq, Hq, D], k and v [B, C, Hkv, D]; only query rows `rows` (all when
-    None) are computed, the others are NaN."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    B, Sq, Hq, D = q.shape
-    C, Hkv = k.shape[1], k.shape[2]
-    scale = 1 / math.sqrt(D) if scale is None else scale
-    out = np.full(q.shape, np.nan)
-    rows = np.arange(Sq) if rows is None else np.asarray(rows)
-    for b in range(B):
-        L = C if seq_lens is None else int(seq_lens[b])
-        kb = np.repeat(k[b, :L], Hq // Hkv, axis=1)            # [L, Hq, D]
-        vb = np.repeat(v[b, :L], Hq // Hkv, axis=1)
-        s = np.einsum("ihd,jhd->hij", q[b, rows], kb) * scale   # [Hq, rows, L]
-        if causal:
-            s[:, np.arange(L)[None, :] > (L - Sq + rows)[:, None]] = -np.inf
-        p = np.exp(s - s.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
-        out[b, rows] = np.einsum("hij,jhd->ihd", p, vb)
-    return out
-
-
-# Bound on |out - reference| relative to max |v|: the GPU rounds the probabilities to the input dtype
-# before the P.V product and every backend rounds the output; 4 ulps of the dtype cover both.
-TOLERANCE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 1.6e-2}
 HEADS = [(20, 5), (8, 8), (32, 8), (8, 1)]
-
-
-def make_qkv(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=1.0):
-    """Random q, k, v as numpy arrays of `dtype` (normal, q scaled by `spread`)."""
-    nd = _arrays.numpy_dtype(dtype)
-    q = (rng.standard_normal((B, Sq, Hq, D)) * spread).astype(nd)
-    k = rng.standard_normal((B, C, Hkv, D)).astype(nd)
-    v = (rng.standard_normal((B, C, Hkv, D)) + 0.5).astype(nd)
-    return q, k, v
 
 
 def assert_close(out, ref, v, dtype, rows=None):
@@ -56,10 +21,6 @@ def assert_close(out, ref, v, dtype, rows=None):
     err = np.abs(out - ref)
     assert np.isfinite(out).all(), "non-finite output"
     assert err.max() <= bound, f"max error {err.max():.3g} > bound {bound:.3g}"
-
-
-def poisoned(shape, dtype):
-    return np.full(shape, np.nan, dtype=_arrays.numpy_dtype(dtype))
 
 
 # ---- tier 1: CPU ----
@@ -119,81 +80,6 @@ def test_cpu_non_causal_decode_ignores_keys_past_seq_len(rng):
     np.testing.assert_array_equal(first.view(np.uint16), again.view(np.uint16))
 
 
-def raw_attention(device, dtype, q, k, v, out, B=None, Sq=None, Hq=None, Hkv=None, D=None, C=None,
-                  seq_lens=None, causal=1, scale=0.0, workspace=None, workspace_bytes=0, like=None):
-    """bitnet_attention with sizes taken from q (or `like`) and v unless given;
-    returns the status."""
-    ffi = _ffi.ffi
-    qa, va = _arrays.as_array(q if like is None else like, "q"), _arrays.as_array(v, "v")
-    sizes = dict(B=qa.shape[0], Sq=qa.shape[1], Hq=qa.shape[2], D=qa.shape[3], C=va.shape[1],
-                 Hkv=va.shape[2])
-    given = dict(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, D=D, C=C)
-    sizes.update({n: x for n, x in given.items() if x is not None})
-    ptr = (lambda a: ffi.NULL if a is None else
-           a if isinstance(a, ffi.CData) else _arrays.as_array(a, "a").cptr())
-    return _ffi.lib().bitnet_attention(
-        device, _arrays.DTYPE_CODES[dtype], sizes["B"], sizes["Sq"], sizes["Hq"], sizes["Hkv"],
-        sizes["D"], ptr(q), ptr(k), ptr(v), sizes["C"],
-        ffi.cast("int32_t *", ptr(seq_lens)), causal, scale, ptr(out), ptr(workspace),
-        workspace_bytes, ffi.NULL)
-
-
-@pytest.mark.cpu
-def test_cpu_bad_input_at_the_c_abi(rng):
-    q, k, v = make_qkv(rng, "float32", 2, 2, 8, 2, 64, 10)
-    out = poisoned(q.shape, "float32")
-    lib, ffi = _ffi.lib(), _ffi.ffi
-    cases = [
-        (dict(Hkv=3), lib.BITNET_ERR_INVALID_ARGUMENT, "not a multiple"),
-        (dict(seq_lens=np.array([4, 11], np.int32)), lib.BITNET_ERR_INVALID_ARGUMENT, "seq_lens[1]"),
-        (dict(seq_lens=np.array([1, 5], np.int32)), lib.BITNET_ERR_INVALID_ARGUMENT, "seq_lens[0]"),
-        (dict(D=80), lib.BITNET_ERR_UNSUPPORTED, "head_dim"),
-        (dict(B=0), lib.BITNET_ERR_INVALID_ARGUMENT, "positive"),
-        (dict(C=1), lib.BITNET_ERR_INVALID_ARGUMENT, "causal"),
-        (dict(causal=2), lib.BITNET_ERR_INVALID_ARGUMENT, "causal"),
-        (dict(scale=float("nan")), lib.BITNET_ERR_INVALID_ARGUMENT, "scale"),
-    ]
-    for kwargs, status, words in cases:
-        assert raw_attention(-1, "float32", q, k, v, out, **kwargs) == status, kwargs
-        assert words in _ffi.last_error(), (kwargs, _ffi.last_error())
-    status = lib.bitnet_attention(-1, 9, 2, 2, 8, 2, 64, ffi.cast("void *", q.ctypes.data),
-                                  ffi.cast("void *", k.ctypes.data), ffi.cast("void *", v.ctypes.data),
-                                  10, ffi.NULL, 1, 0.0, ffi.cast("void *", out.ctypes.data), ffi.NULL,
-                                  0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "dtype" in _ffi.last_error()
-    assert raw_attention(-1, "float32", None, k, v, out, like=q) == lib.BITNET_ERR_INVALID_ARGUMENT
-    assert "q is NULL" in _ffi.last_error()
-    misaligned = ffi.cast("void *", out.ctypes.data + 2)
-    assert raw_attention(-1, "float32", q, k, v, misaligned) == lib.BITNET_ERR_INVALID_ARGUMENT
-    assert "aligned" in _ffi.last_error()
-    assert np.isnan(out).all(), "out was written by a rejected call"
-
-
-@pytest.mark.cpu
-def test_cpu_bad_input_in_python(rng):
-    q, k, v = make_qkv(rng, "float16", 2, 1, 8, 2, 64, 10)
-    out = poisoned(q.shape, "float16")
-    bad = [
-        dict(q=q[:, :, :7].copy(), match="multiple"),
-        dict(k=k.astype(np.float32), match="dtype"),
-        dict(seq_lens=[0, 5], match=r"seq_lens\[0\]"),
-        dict(seq_lens=[5, 11], match=r"seq_lens\[1\]"),
-        dict(seq_lens=[5], match="seq_lens"),
-        dict(q=q[..., :32].copy(), k=k[..., :32].copy(), v=v[..., :32].copy(), out=None, match="head_dim",
-             error=UnsupportedError),
-        dict(out=np.empty((2, 1, 8, 63), np.float16), match="shape"),
-        dict(v=v[:, :9].copy(), match="shape"),
-        dict(scale=float("inf"), match="scale"),
-    ]
-    for case in bad:
-        args = dict(q=q, k=k, v=v, out=out)
-        error, match = case.pop("error", InvalidArgumentError), case.pop("match")
-        args.update(case)
-        with pytest.raises(error, match=match):
-            bitnet_ffi.attention(**args)
-        assert np.isnan(out).all()
-
-
 @pytest.mark.cpu
 def test_cpu_workspace_size_is_zero():
     assert bitnet_ffi.attention_workspace_size(-1, 1, 1, 20, 5, 128, 4096) == 0
@@ -201,12 +87,6 @@ def test_cpu_workspace_size_is_zero():
 
 
 # ---- tiers 2 and 3: CUDA ----
-
-def torch_inputs(rng, dtype, B, Sq, Hq, Hkv, D, C, spread=1.0):
-    import torch
-    q, k, v = (torch.from_numpy(x.astype(np.float32)).to(getattr(torch, dtype)).cuda()
-               for x in make_qkv(rng, "float32", B, Sq, Hq, Hkv, D, C, spread))
-    return q, k, v
 
 
 def host64(t):
@@ -387,39 +267,3 @@ def test_gpu_cluster_decode_first_call_inside_a_graph_capture(first_call_in_a_gr
         "print(np.abs(out.numpy().astype(np.float64) - cpu).max(), np.abs(v).max())\n")
     diff, v_max = (float(x) for x in printed.split())
     assert diff <= TOLERANCE["float16"] * v_max
-
-
-@pytest.mark.gpu
-def test_gpu_bad_input(rng):
-    import torch
-    lib = _ffi.lib()
-    q, k, v = torch_inputs(rng, "bfloat16", 1, 1, 20, 5, 128, 4096)
-    out = torch.full_like(q, float("nan"))
-    need = bitnet_ffi.attention_workspace_size(0, 1, 1, 20, 5, 128, 4096)
-    assert need > 0 and bitnet_ffi.attention_workspace_size("cuda:0", 1, 1, 20, 5, 128, 4096) == need
-    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
-    assert raw_attention(0, "bfloat16", q, k, v, out, workspace=ws, workspace_bytes=need - 1) \
-        == lib.BITNET_ERR_INVALID_ARGUMENT and "workspace" in _ffi.last_error()
-    assert raw_attention(0, "bfloat16", q, k, v, out) == lib.BITNET_ERR_INVALID_ARGUMENT
-    host_q = np.zeros((1, 1, 20, 128), np.float16)
-    assert raw_attention(0, "bfloat16", host_q, k, v, out, workspace=ws, workspace_bytes=need) \
-        == lib.BITNET_ERR_INVALID_ARGUMENT and "host memory" in _ffi.last_error()
-    misaligned = _ffi.ffi.cast("void *", k.data_ptr() + 2)
-    assert raw_attention(0, "bfloat16", q, misaligned, v, out, workspace=ws,
-                         workspace_bytes=need) == lib.BITNET_ERR_INVALID_ARGUMENT
-    assert raw_attention(0, "float32", q.float(), k.float(), v.float(), out.float(), workspace=ws,
-                         workspace_bytes=need) == lib.BITNET_ERR_UNSUPPORTED
-    assert raw_attention(0, "bfloat16", q, k, v, out, D=96, workspace=ws,
-                         workspace_bytes=need) == lib.BITNET_ERR_UNSUPPORTED
-    with pytest.raises(InvalidArgumentError, match="different devices"):
-        bitnet_ffi.attention(q, k.cpu(), v)
-    with pytest.raises(InvalidArgumentError, match="seq_lens"):
-        bitnet_ffi.attention(q, k, v, seq_lens=[4097])
-    with pytest.raises(InvalidArgumentError, match="dtype"):
-        bitnet_ffi.attention(q, k.half(), v)
-    with pytest.raises(InvalidArgumentError, match="workspace"):  # its size is checked in C
-        bitnet_ffi.attention(q, k, v, out=out, workspace=ws[:need - 1])
-    with pytest.raises(InvalidArgumentError, match="different devices: .*workspace on cpu"):
-        bitnet_ffi.attention(q, k, v, out=out, workspace=np.zeros(need, np.uint8))
-    torch.cuda.synchronize()
-    assert torch.isnan(out).all()

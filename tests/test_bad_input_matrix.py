@@ -19,15 +19,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+import bitnet_ffi
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError, UnsupportedError
 
-ffi = _ffi.ffi
+from reference import (BF16, Buffers, HOST, Memory, MISALIGNED, NULL, Out, PAST_LAST_DEVICE,
+                       attention_poisoned, c_value, cast, ffi, make_attention_inputs as make_qkv,
+                       make_problem, make_rmsnorm_inputs as make_inputs, poisoned, random_bf16, raw_call,
+                       rope_case, to_torch, torch_inputs, torch_problem, torch_put, valid_call,
+                       c_quantize_i2s, status_and_message)
+
 OK, INVALID, UNSUPPORTED, NO_DEVICE = 0, 1, 2, 3
-NULL, MISALIGNED, HOST, PAST_LAST_DEVICE = "NULL", "MISALIGNED", "HOST", "PAST_LAST_DEVICE"
 BIG = 1 << 62
-SLACK = 64  # spare bytes after every buffer, so that a misaligned pointer stays inside it
 
 
 def has_cuda_build():
@@ -50,155 +54,7 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 # ---------------------------------------------------------------- memory the calls run on
 
 
-class Memory:
-    """Allocates the arrays of a call on the CPU (numpy) or on CUDA device 0 (torch), each
-    64-byte aligned with SLACK spare bytes, and reads them back as bytes."""
-
-    def __init__(self, gpu):
-        self.gpu = gpu
-        self.device = 0 if gpu else -1
-        self.keep = []  # host copies passed as HOST mutations stay alive until the call returns
-
-    def put(self, host):
-        host = np.ascontiguousarray(host)
-        raw = np.zeros(host.nbytes + 2 * SLACK, np.uint8)
-        start = -raw.ctypes.data % SLACK
-        buffer = raw[start:start + host.nbytes + SLACK]
-        buffer[:host.nbytes] = host.view(np.uint8).reshape(-1)
-        if not self.gpu:
-            return buffer
-        import torch
-        return torch.from_numpy(buffer).cuda()
-
-    def ptr(self, array):
-        return array.data_ptr() if self.gpu else array.ctypes.data
-
-    def host_copy_ptr(self, array):
-        host = Memory(False).put(self.read(array))
-        self.keep.append(host)
-        return host.ctypes.data
-
-    def read(self, array):
-        if self.gpu:
-            import torch
-            torch.cuda.synchronize()
-            return array.cpu().numpy().copy()
-        return array.copy()
-
-
-def poison(shape, dtype):
-    """0x7f bytes: a NaN in every float dtype, 127 in int8, a large int32."""
-    return np.full(int(np.prod(shape)) * _arrays.ITEMSIZE[dtype], 0x7F, np.uint8)
-
-
-def values(rng, shape, dtype):
-    data = rng.standard_normal(shape).astype(np.float32)
-    return data.astype(_arrays.numpy_dtype(dtype)).view(np.uint8).reshape(-1)
-
-
-@dataclass
-class Out:
-    """A scalar output parameter (int32_t *, void **, ...), pre-filled with a sentinel."""
-    ctype: str
-
-
-@dataclass
-class Call:
-    """One valid call: the C arguments by name in order, and which of them are written."""
-    entry: str
-    args: dict
-    outputs: tuple
-
-
 # ---------------------------------------------------------------- one valid call per entry point
-
-
-def float_dtype(mem):
-    """The float dtype of the attention and glue calls: float32 runs on the CPU only."""
-    return "float16" if mem.gpu else "float32"
-
-
-def valid_call(entry, mem, rng):
-    """The valid call of `entry` on `mem` (CPU or CUDA device 0)."""
-    d, put = mem.device, mem.put
-    fd = float_dtype(mem)
-    code = _arrays.DTYPE_CODES[fd]
-    if entry == "quantize_i2s":
-        return Call(entry, dict(device=d, w=put(values(rng, (3, 128), "float32")), w_dtype=0, M=3,
-                                K=128, row_segments=NULL, n_segments=0,
-                                w_packed=put(poison((3, 32), "uint8")),
-                                w_scales=put(poison((3,), "float32")), stream=NULL),
-                    ("w_packed", "w_scales"))
-    if entry == "pack_ternary":
-        w_q = rng.integers(-1, 2, (3, 128), dtype=np.int8)
-        return Call(entry, dict(device=d, w_q=put(w_q), M=3, K=128,
-                                w_packed=put(poison((3, 32), "uint8")), stream=NULL), ("w_packed",))
-    if entry == "unpack_ternary":
-        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
-                                M=3, K=128, w_q=put(poison((3, 128), "int8")), stream=NULL),
-                    ("w_q",))
-    if entry == "quantize_a8":
-        return Call(entry, dict(device=d, x=put(values(rng, (2, 128), "float32")), x_dtype=0, N=2,
-                                K=128, x_q=put(poison((2, 128), "int8")),
-                                x_scales=put(poison((2,), "float32")), stream=NULL),
-                    ("x_q", "x_scales"))
-    if entry == "gemv_w2a8":
-        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 96, dtype=np.uint8)),
-                                w_scales=put(np.ones(3, np.float32)), M=3, K=128,
-                                x_q=put(rng.integers(-128, 128, 256, dtype=np.int8)),
-                                x_scales=put(np.full(2, 50.0, np.float32)), N=2,
-                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
-    if entry == "rmsnorm":
-        return Call(entry, dict(device=d, dtype=0, T=2, H=8, x=put(values(rng, (2, 8), "float32")),
-                                residual=put(values(rng, (2, 8), "float32")),
-                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
-                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
-                                y_scales=put(poison((2,), "float32")), stream=NULL),
-                    ("residual", "y", "y_q", "y_scales"))
-    if entry == "relu2_rmsnorm":  # float32 runs on the GPU too
-        return Call(entry, dict(device=d, dtype=0, T=2, F=8,
-                                gate_up=put(values(rng, (2, 16), "float32")),
-                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
-                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
-                                y_scales=put(poison((2,), "float32")), stream=NULL),
-                    ("y", "y_q", "y_scales"))
-    if entry == "attention":
-        q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
-        return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
-                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
-                                v=put(values(rng, kv, fd)), C=5,
-                                seq_lens=put(np.array([4], np.int32)), causal=1, scale=0.0,
-                                out=put(poison(q, fd)), workspace=put(poison((1 << 16,), "uint8")),
-                                workspace_bytes=1 << 16, stream=NULL), ("out",))
-    if entry == "attention_workspace_size":
-        return Call(entry, dict(device=d, B=1, Sq=2, Hq=4, Hkv=2, D=64, C=5,
-                                bytes=Out("int64_t *")), ("bytes",))
-    if entry == "rope_append_kv":
-        q, kv, cache = (2, 3, 4, 8), (2, 3, 2, 8), (2, 6, 2, 8)
-        return Call(entry, dict(device=d, dtype=code, B=2, S=3, Hq=4, Hkv=2, D=8,
-                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
-                                v=put(values(rng, kv, fd)), k_cache=put(poison(cache, fd)),
-                                v_cache=put(poison(cache, fd)), C=6,
-                                positions=put(np.array([0, 3], np.int32)), theta=10000.0,
-                                stream=NULL), ("q", "k_cache", "v_cache"))
-    if entry == "relu2_gate":
-        return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
-                                out=put(poison((3, 5), fd)), stream=NULL), ("out",))
-    if entry == "gemv_bf16":
-        return Call(entry, dict(device=d, w=put(values(rng, (3, 16), "bfloat16")), M=3, K=16,
-                                x=put(values(rng, (2, 16), "float32")), x_dtype=0, N=2,
-                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
-    if entry == "argmax":
-        return Call(entry, dict(device=d, x=put(values(rng, (2, 7), "float32")), N=2, M=7,
-                                index=put(poison((2,), "int32")), stream=NULL), ("index",))
-    if entry == "embedding":
-        return Call(entry, dict(device=d, dtype=0, table=put(values(rng, (5, 8), "float32")), V=5,
-                                H=8, ids=put(np.array([4, 0, 2], np.int32)), N=3,
-                                out=put(poison((3, 8), "float32")), stream=NULL), ("out",))
-    if entry == "add_int32":
-        return Call(entry, dict(device=d, x=put(np.arange(5, dtype=np.int32)), n=5, delta=3,
-                                stream=NULL), ("x",))
-    raise KeyError(entry)
 
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
@@ -430,31 +286,6 @@ def mutation_cases(where):
     return cases
 
 
-def c_value(mem, call, name, value):
-    """The cffi argument for `value` of argument `name` of `call`."""
-    if isinstance(value, str):
-        if value == NULL:
-            return ffi.NULL
-        if value == MISALIGNED:
-            return ffi.cast("void *", mem.ptr(call.args[name]) + 1)
-        if value == HOST:
-            return ffi.cast("void *", mem.host_copy_ptr(call.args[name]))
-        if value == PAST_LAST_DEVICE:
-            count = ffi.new("int32_t *")
-            _ffi.call("device_count", count, ffi.NULL)
-            return count[0]
-        if value.startswith("ALIAS:"):
-            return ffi.cast("void *", mem.ptr(call.args[value[6:]]))
-        raise ValueError(value)
-    if isinstance(value, Out):
-        return ffi.new(value.ctype, 0x5EED)
-    if isinstance(value, list):
-        return ffi.new("int64_t[]", value)
-    if isinstance(value, np.ndarray) or hasattr(value, "data_ptr"):
-        return ffi.cast("void *", mem.ptr(value))
-    return value
-
-
 def run_call(mem, call, changes):
     """Calls the entry point with `changes` applied; returns (status, message, outputs before,
     outputs after) where outputs are bytes."""
@@ -569,6 +400,29 @@ RUNTIME_CASES = [
     ("graph_capture_end", ["fake", "NULL"], (INVALID, "graph is NULL")),
     ("graph_launch", ["NULL", "NULL"], (INVALID, "graph is NULL")),
     ("graph_destroy", ["NULL"], (INVALID, "graph is NULL")),
+    ("set_current_device", [-1], (INVALID, "not a CUDA device index")),
+    ("set_current_device", [4096], (NO_DEVICE, "does not exist")),
+    ("peer_buffer_size", [16, "NULL"], (INVALID, "bytes is NULL")),
+    ("peer_buffer_size", [0, "out:int64_t *"], (INVALID, "max_bytes must be in")),
+    ("ipc_get_handle", [0, "fake", "NULL"], (INVALID, "handle is NULL")),
+    ("ipc_get_handle", [-1, "fake", "out:bitnet_ipc_handle *"], (INVALID, "not a CUDA device")),
+    ("ipc_open_handle", [0, "NULL", "out:void **"], (INVALID, "handle is NULL")),
+    ("ipc_open_handle", [-1, "host", "out:void **"], (INVALID, "not a CUDA device index")),
+    ("ipc_close_handle", [0, "NULL"], (INVALID, "ptr is NULL")),
+    ("ipc_close_handle", [-1, "fake"], (INVALID, "not a CUDA device index")),
+    ("peer_abort", [-1, "fake"], (INVALID, "not a CUDA device index")),
+    ("peer_allreduce", [-1, 0, 0, 4, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (INVALID, "buffers is NULL")),
+    ("peer_allreduce", [-1, 0, 4, 4, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (UNSUPPORTED, "y_dtype int32 is not supported")),
+    ("peer_allreduce", [-1, 0, 0, 0, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (INVALID, "n must be at least 1")),
+    ("peer_allgather", [-1, 0, "host", "host", "host", "NULL", 0, 0, 4608, "NULL"],
+     (INVALID, "world must be in [1, 8]")),
+    ("peer_allgather", [-1, 0, "host", "host", "host", "NULL", 9, 0, 4608, "NULL"],
+     (INVALID, "world must be in [1, 8]")),
+    ("peer_allgather", [-1, 0, "NULL", "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (INVALID, "counts is NULL")),
 ]
 if not CUDA_BUILD:  # with CUDA, a NULL stream is the legacy default stream: nothing to reject
     RUNTIME_CASES.append(("stream_synchronize", ["NULL"], WITHOUT_CUDA))
@@ -1106,3 +960,554 @@ def test_torch_objects_that_are_not_plain_tensors_are_refused(rng):
     np.testing.assert_array_equal(bn.quantize_a8(negated.resolve_neg())[0], -bn.quantize_a8(x)[0])
     with pytest.raises(InvalidArgumentError, match="complex64 is not supported"):
         bn.quantize_a8(x.to(torch.complex64).conj())
+
+
+# Per-op rejection tests, moved here from the op test files: checks beyond the one-argument
+# mutations above (several arguments at once, Python shapes, non-ternary weights, GPU memory
+# mixes), each against its op's own call.
+
+
+# attention (from test_attention.py)
+def raw_attention(device, dtype, q, k, v, out, B=None, Sq=None, Hq=None, Hkv=None, D=None, C=None,
+                  seq_lens=None, causal=1, scale=0.0, workspace=None, workspace_bytes=0, like=None):
+    """bitnet_attention with sizes taken from q (or `like`) and v unless given;
+    returns the status."""
+    ffi = _ffi.ffi
+    qa, va = _arrays.as_array(q if like is None else like, "q"), _arrays.as_array(v, "v")
+    sizes = dict(B=qa.shape[0], Sq=qa.shape[1], Hq=qa.shape[2], D=qa.shape[3], C=va.shape[1],
+                 Hkv=va.shape[2])
+    given = dict(B=B, Sq=Sq, Hq=Hq, Hkv=Hkv, D=D, C=C)
+    sizes.update({n: x for n, x in given.items() if x is not None})
+    ptr = (lambda a: ffi.NULL if a is None else
+           a if isinstance(a, ffi.CData) else _arrays.as_array(a, "a").cptr())
+    return _ffi.lib().bitnet_attention(
+        device, _arrays.DTYPE_CODES[dtype], sizes["B"], sizes["Sq"], sizes["Hq"], sizes["Hkv"],
+        sizes["D"], ptr(q), ptr(k), ptr(v), sizes["C"],
+        ffi.cast("int32_t *", ptr(seq_lens)), causal, scale, ptr(out), ptr(workspace),
+        workspace_bytes, ffi.NULL)
+
+
+@pytest.mark.cpu
+def test_cpu_bad_input_at_the_c_abi(rng):
+    q, k, v = make_qkv(rng, "float32", 2, 2, 8, 2, 64, 10)
+    out = attention_poisoned(q.shape, "float32")
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    cases = [
+        (dict(Hkv=3), lib.BITNET_ERR_INVALID_ARGUMENT, "not a multiple"),
+        (dict(seq_lens=np.array([4, 11], np.int32)), lib.BITNET_ERR_INVALID_ARGUMENT, "seq_lens[1]"),
+        (dict(seq_lens=np.array([1, 5], np.int32)), lib.BITNET_ERR_INVALID_ARGUMENT, "seq_lens[0]"),
+        (dict(D=80), lib.BITNET_ERR_UNSUPPORTED, "head_dim"),
+        (dict(B=0), lib.BITNET_ERR_INVALID_ARGUMENT, "positive"),
+        (dict(C=1), lib.BITNET_ERR_INVALID_ARGUMENT, "causal"),
+        (dict(causal=2), lib.BITNET_ERR_INVALID_ARGUMENT, "causal"),
+        (dict(scale=float("nan")), lib.BITNET_ERR_INVALID_ARGUMENT, "scale"),
+    ]
+    for kwargs, status, words in cases:
+        assert raw_attention(-1, "float32", q, k, v, out, **kwargs) == status, kwargs
+        assert words in _ffi.last_error(), (kwargs, _ffi.last_error())
+    status = lib.bitnet_attention(-1, 9, 2, 2, 8, 2, 64, ffi.cast("void *", q.ctypes.data),
+                                  ffi.cast("void *", k.ctypes.data), ffi.cast("void *", v.ctypes.data),
+                                  10, ffi.NULL, 1, 0.0, ffi.cast("void *", out.ctypes.data), ffi.NULL,
+                                  0, ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "dtype" in _ffi.last_error()
+    assert raw_attention(-1, "float32", None, k, v, out, like=q) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "q is NULL" in _ffi.last_error()
+    misaligned = ffi.cast("void *", out.ctypes.data + 2)
+    assert raw_attention(-1, "float32", q, k, v, misaligned) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "aligned" in _ffi.last_error()
+    assert np.isnan(out).all(), "out was written by a rejected call"
+
+
+@pytest.mark.cpu
+def test_cpu_bad_input_in_python(rng):
+    q, k, v = make_qkv(rng, "float16", 2, 1, 8, 2, 64, 10)
+    out = attention_poisoned(q.shape, "float16")
+    bad = [
+        dict(q=q[:, :, :7].copy(), match="multiple"),
+        dict(k=k.astype(np.float32), match="dtype"),
+        dict(seq_lens=[0, 5], match=r"seq_lens\[0\]"),
+        dict(seq_lens=[5, 11], match=r"seq_lens\[1\]"),
+        dict(seq_lens=[5], match="seq_lens"),
+        dict(q=q[..., :32].copy(), k=k[..., :32].copy(), v=v[..., :32].copy(), out=None, match="head_dim",
+             error=UnsupportedError),
+        dict(out=np.empty((2, 1, 8, 63), np.float16), match="shape"),
+        dict(v=v[:, :9].copy(), match="shape"),
+        dict(scale=float("inf"), match="scale"),
+    ]
+    for case in bad:
+        args = dict(q=q, k=k, v=v, out=out)
+        error, match = case.pop("error", InvalidArgumentError), case.pop("match")
+        args.update(case)
+        with pytest.raises(error, match=match):
+            bitnet_ffi.attention(**args)
+        assert np.isnan(out).all()
+
+
+@pytest.mark.gpu
+def test_gpu_bad_input(rng):
+    import torch
+    lib = _ffi.lib()
+    q, k, v = torch_inputs(rng, "bfloat16", 1, 1, 20, 5, 128, 4096)
+    out = torch.full_like(q, float("nan"))
+    need = bitnet_ffi.attention_workspace_size(0, 1, 1, 20, 5, 128, 4096)
+    assert need > 0 and bitnet_ffi.attention_workspace_size("cuda:0", 1, 1, 20, 5, 128, 4096) == need
+    ws = torch.empty(need, dtype=torch.uint8, device="cuda")
+    assert raw_attention(0, "bfloat16", q, k, v, out, workspace=ws, workspace_bytes=need - 1) \
+        == lib.BITNET_ERR_INVALID_ARGUMENT and "workspace" in _ffi.last_error()
+    assert raw_attention(0, "bfloat16", q, k, v, out) == lib.BITNET_ERR_INVALID_ARGUMENT
+    host_q = np.zeros((1, 1, 20, 128), np.float16)
+    assert raw_attention(0, "bfloat16", host_q, k, v, out, workspace=ws, workspace_bytes=need) \
+        == lib.BITNET_ERR_INVALID_ARGUMENT and "host memory" in _ffi.last_error()
+    misaligned = _ffi.ffi.cast("void *", k.data_ptr() + 2)
+    assert raw_attention(0, "bfloat16", q, misaligned, v, out, workspace=ws,
+                         workspace_bytes=need) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert raw_attention(0, "float32", q.float(), k.float(), v.float(), out.float(), workspace=ws,
+                         workspace_bytes=need) == lib.BITNET_ERR_UNSUPPORTED
+    assert raw_attention(0, "bfloat16", q, k, v, out, D=96, workspace=ws,
+                         workspace_bytes=need) == lib.BITNET_ERR_UNSUPPORTED
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bitnet_ffi.attention(q, k.cpu(), v)
+    with pytest.raises(InvalidArgumentError, match="seq_lens"):
+        bitnet_ffi.attention(q, k, v, seq_lens=[4097])
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bitnet_ffi.attention(q, k.half(), v)
+    with pytest.raises(InvalidArgumentError, match="workspace"):  # its size is checked in C
+        bitnet_ffi.attention(q, k, v, out=out, workspace=ws[:need - 1])
+    with pytest.raises(InvalidArgumentError, match="different devices: .*workspace on cpu"):
+        bitnet_ffi.attention(q, k, v, out=out, workspace=np.zeros(need, np.uint8))
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()
+
+
+# gemv_w2a8 (from test_gemv_w2a8.py)
+def c_gemv(w, ws, M, K, x, xs, N, y, y_dtype, device=-1, stream=None):
+    ffi = _ffi.ffi
+    status = _ffi.lib().bitnet_gemv_w2a8(
+        device, ffi.cast("uint8_t *", w), ffi.cast("float *", ws), M, K, ffi.cast("int8_t *", x),
+        ffi.cast("float *", xs), N, ffi.cast("void *", y), y_dtype,
+        ffi.cast("void *", stream or 0))
+    return int(status), _ffi.last_error()
+
+
+@pytest.mark.cpu
+def test_gemv_bad_input_c_abi(rng):
+    M, K, N = 16, 256, 2
+    w = np.zeros((M, K // 4), np.uint8)
+    ws = np.ones(M, np.float32)
+    x = np.zeros((N, K), np.int8)
+    xs = np.ones(N, np.float32)
+    y = np.full((N, M), -7, np.int32)
+    p = lambda a: a.ctypes.data  # noqa: E731
+    cases = [
+        (c_gemv(p(w), p(ws), M, 200, p(x), p(xs), N, p(y), 4), 2, "multiple of 128"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), 0, p(y), 4), 1, "N must be"),
+        (c_gemv(p(w), p(ws), 0, K, p(x), p(xs), N, p(y), 4), 1, "M must be"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 99), 1, "not a bitnet_dtype"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 3), 2, "int8"),
+        (c_gemv(0, p(ws), M, K, p(x), p(xs), N, p(y), 4), 1, "w_packed is NULL"),
+        (c_gemv(p(w), p(ws), M, K, p(x), 0, N, p(y), 4), 1, "x_scales is NULL"),
+        (c_gemv(p(w) + 4, p(ws), M, K, p(x), p(xs), N, p(y), 4), 1, "not aligned"),
+        (c_gemv(p(w), p(ws), M, K, p(x) + 8, p(xs), N, p(y), 4), 1, "not aligned"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y) + 2, 4), 1, "not aligned"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), 2 ** 60, p(y), 4), 1, "overflow"),
+        (c_gemv(p(w), p(ws), 2 ** 61, K, p(x), p(xs), N, p(y), 4), 1, "overflow"),
+        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 4, device=-7), 1, "neither"),
+    ]
+    for (status, message), want_status, want_text in cases:
+        assert status == want_status and want_text in message, (status, message, want_text)
+    assert np.all(y == -7)
+
+
+@pytest.mark.cpu
+def test_gemv_python_bad_input(rng):
+    w_q, w_scales, x_q, x_scales = make_problem(rng, 8, 256, 2)
+    tw = bn.pack_ternary(w_q, w_scales)
+    out = np.full((2, 8), np.nan, np.float32)
+    with pytest.raises(InvalidArgumentError, match="TernaryWeights"):
+        bn.gemv_w2a8(tw.packed, x_q, x_scales)
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.gemv_w2a8(tw, x_q.astype(np.int32), x_scales, out=out)
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.gemv_w2a8(tw, np.ascontiguousarray(x_q[:, :128]), x_scales, out=out)
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.gemv_w2a8(tw, x_q, x_scales[:1], out=out)
+    with pytest.raises(InvalidArgumentError, match="out_dtype"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int8")
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out=np.zeros((2, 9), np.float32))
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out=np.zeros((2, 8), np.float16))
+    assert np.all(np.isnan(out))
+
+
+@pytest.mark.gpu
+def test_gemv_gpu_bad_input(rng):
+    torch = pytest.importorskip("torch")
+    tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, 64, 256, 2)
+    out = torch.full((2, 64), -7, dtype=torch.int32, device="cuda")
+    status, message = c_gemv(tw.packed.data_ptr(), tw.scales.data_ptr(), 64, 256, x_q.ctypes.data,
+                             xs_gpu.data_ptr(), 2, out.data_ptr(), 4, device=0)
+    assert status == 1 and "host memory" in message
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int32")
+    with pytest.raises(InvalidArgumentError, match="x_q on cpu"):
+        bn.gemv_w2a8(tw, torch.from_numpy(x_q), xs_gpu, out=out, out_dtype="int32")
+    with pytest.raises(UnsupportedError, match="multiple of 128"):
+        bn.gemv_w2a8(bn.TernaryWeights(tw.packed[:, :24].contiguous(), tw.scales),
+                     x_gpu[:, :96].contiguous(), xs_gpu)
+    assert bool((out == -7).all())
+
+
+# head (from test_head.py)
+@pytest.mark.cpu
+def test_bad_inputs_leave_outputs_untouched(rng):
+    w, x = random_bf16(rng, (10, 16)), random_bf16(rng, (2, 16))
+    out = np.full((2, 10), 7.0, dtype=np.float32)
+    cases = [
+        (lambda: bitnet_ffi.gemv_bf16(w.astype(np.float32), x, out=out), "w: expected dtype bfloat16"),
+        (lambda: bitnet_ffi.gemv_bf16(w, x[:1], out=out), r"out: expected shape \[1, 10\]"),
+        (lambda: bitnet_ffi.gemv_bf16(w, random_bf16(rng, (2, 24)), out=out), r"x: expected shape \[2, 16\]"),
+        (lambda: bitnet_ffi.gemv_bf16(w, x, out=out[:, :5]), "out: the array is not C-contiguous"),
+        (lambda: bitnet_ffi.gemv_bf16(w, x, out_dtype="int8"), "out_dtype must be"),
+        (lambda: bitnet_ffi.gemv_bf16(w[:, ::2], x, out=out), "not C-contiguous"),
+        (lambda: bitnet_ffi.embedding(w, [0, 10]), r"ids\[1\] = 10 is outside \[0, 10\)"),
+        (lambda: bitnet_ffi.embedding(w, [-1]), r"ids\[0\] = -1"),
+        (lambda: bitnet_ffi.argmax(x), "x: expected dtype float32"),
+    ]
+    for call, message in cases:
+        with pytest.raises(InvalidArgumentError, match=message):
+            call()
+    assert (out == 7.0).all()
+
+
+@pytest.mark.cpu
+def test_c_abi_rejects_bad_arguments():
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    w = np.ones((4, 12), dtype=BF16)
+    x = np.ones((1, 12), dtype=BF16)
+    y = np.full((1, 4), 3.0, dtype=np.float32)
+    ids = np.array([5], dtype=np.int32)
+    table = np.ones((4, 8), dtype=np.float32)
+    emb = np.full((1, 8), 3.0, dtype=np.float32)
+    p = lambda a, off=0: ffi.cast("void *", a.ctypes.data + off)  # noqa: E731
+    cases = [
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 4, 12, p(x), 2, 1, p(y), 0, ffi.NULL), "multiple of 8"),
+        (lambda: lib.bitnet_gemv_bf16(-1, ffi.NULL, 4, 16, p(x), 2, 1, p(y), 0, ffi.NULL), "w is NULL"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w, 2), 4, 8, p(x), 2, 1, p(y), 0, ffi.NULL), "not aligned"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 4, 8, p(x), 9, 1, p(y), 0, ffi.NULL), "x dtype"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 4, 8, p(x), 2, 1, p(y), 3, ffi.NULL), "y dtype"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 1 << 62, 8, p(x), 2, 1, p(y), 0, ffi.NULL), "overflow"),
+        (lambda: lib.bitnet_gemv_bf16(-1, p(w), 0, 8, p(x), 2, 1, p(y), 0, ffi.NULL), "must be positive"),
+        (lambda: lib.bitnet_argmax(-1, ffi.cast("float *", y.ctypes.data), 1, -4,
+                           ffi.cast("int32_t *", ids.ctypes.data), ffi.NULL), "must be positive"),
+        (lambda: lib.bitnet_embedding(-1, 0, p(table), 4, 8, ffi.cast("int32_t *", ids.ctypes.data), 1,
+                              p(emb), ffi.NULL), "ids[0] = 5 is outside [0, 4)"),
+        (lambda: lib.bitnet_embedding(-1, 3, p(table), 4, 8, ffi.cast("int32_t *", ids.ctypes.data), 1,
+                              p(emb), ffi.NULL), "dtype must be float32"),
+    ]
+    for call, message in cases:
+        assert call() == lib.BITNET_ERR_INVALID_ARGUMENT
+        assert message in _ffi.last_error()
+    assert (y == 3.0).all() and (emb == 3.0).all() and ids[0] == 5
+
+
+# layer_glue (from test_layer_glue.py)
+@pytest.mark.cpu
+def test_cpu_rope_bad_input(rng):
+    q, k, v, k_cache, v_cache = rope_case(rng, "float16", 2, 3, 8, 2, 64, 10)
+    q_before = q.copy()
+    for kwargs, match in [(dict(positions=[8, 0]), r"positions\[0\]"), (dict(positions=[0, -1]),
+                          r"positions\[1\]"), (dict(positions=[0]), "positions"),
+                          (dict(theta=0.5), "theta"), (dict(k=k[:, :, :1].copy()), "shape"),
+                          (dict(v_cache=v_cache.astype(np.float32)), "dtype")]:
+        args = dict(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, positions=[0, 7])
+        args.update(kwargs)
+        with pytest.raises(InvalidArgumentError, match=match):
+            bitnet_ffi.rope_append_kv(**args)
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    ptr = (lambda a: ffi.cast("void *", a.ctypes.data))
+    positions = np.array([0, 8], np.int32)
+    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 64, ptr(q), ptr(k), ptr(v), ptr(k_cache),
+                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
+                                       500000.0, ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "positions[1]" in _ffi.last_error()
+    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 63, ptr(q), ptr(k), ptr(v), ptr(k_cache),
+                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
+                                       500000.0, ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "even" in _ffi.last_error()
+    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 64, ptr(q), ffi.NULL, ptr(v), ptr(k_cache),
+                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
+                                       500000.0, ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "k is NULL" in _ffi.last_error()
+    np.testing.assert_array_equal(q.view(np.uint16), q_before.view(np.uint16))
+    assert np.isnan(k_cache.astype(np.float32)).all() and np.isnan(v_cache.astype(np.float32)).all()
+
+
+@pytest.mark.cpu
+def test_cpu_relu2_gate_bad_input(rng):
+    gate_up = cast(rng.standard_normal((3, 10)), "bfloat16")
+    out = np.full((3, 5), np.nan, dtype=gate_up.dtype)
+    with pytest.raises(InvalidArgumentError, match="2F"):
+        bitnet_ffi.relu2_gate(gate_up[:, :9].copy())
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bitnet_ffi.relu2_gate(gate_up, out=np.empty((3, 4), gate_up.dtype))
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bitnet_ffi.relu2_gate(gate_up.astype(np.int8))
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    status = lib.bitnet_relu2_gate(-1, 2, 3, 5, ffi.cast("void *", gate_up.ctypes.data + 1),
+                                   ffi.cast("void *", out.ctypes.data), ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "aligned" in _ffi.last_error()
+    status = lib.bitnet_relu2_gate(-1, 2, 0, 5, ffi.cast("void *", gate_up.ctypes.data),
+                                   ffi.cast("void *", out.ctypes.data), ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "positive" in _ffi.last_error()
+    assert np.isnan(out.astype(np.float32)).all()
+
+
+@pytest.mark.gpu
+def test_gpu_glue_bad_input(rng):
+    import torch
+    lib, ffi = _ffi.lib(), _ffi.ffi
+    gate_up = torch.randn(3, 10, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((3, 5), float("nan"), device="cuda", dtype=torch.bfloat16)
+    host = np.zeros((3, 10), np.float16)
+    status = lib.bitnet_relu2_gate(0, 2, 3, 5, ffi.cast("void *", host.ctypes.data),
+                                   ffi.cast("void *", out.data_ptr()), ffi.NULL)
+    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "host memory" in _ffi.last_error()
+    with pytest.raises(UnsupportedError):
+        bitnet_ffi.relu2_gate(gate_up.float(), out=out.float())
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bitnet_ffi.relu2_gate(gate_up, out=out.cpu())
+    q, k, v, k_cache, v_cache = (to_torch(x) for x in rope_case(rng, "float16", 2, 3, 8, 2, 64, 10))
+    with pytest.raises(InvalidArgumentError, match=r"positions\[1\]"):
+        bitnet_ffi.rope_append_kv(q, k, v, k_cache, v_cache, [0, 8])
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all() and torch.isnan(k_cache).all()
+
+
+# quantize (from test_quantize.py)
+@pytest.mark.cpu
+@pytest.mark.parametrize("bad", [2, -2, 127, -128])
+def test_pack_rejects_non_ternary_untouched(rng, bad):
+    w_q = rng.integers(-1, 2, (5, 256), dtype=np.int8)
+    w_q[3, 200] = bad
+    packed = np.full((5, 64), 0xA5, np.uint8)
+    status, message = status_and_message(_ffi.lib().bitnet_pack_ternary(
+        -1, _ffi.ffi.cast("int8_t *", w_q.ctypes.data), 5, 256,
+        _ffi.ffi.cast("uint8_t *", packed.ctypes.data), _ffi.ffi.NULL))
+    assert status == 1 and f"w_q[3, 200] = {bad} is not -1, 0 or 1" in message
+    assert np.all(packed == 0xA5)
+    with pytest.raises(InvalidArgumentError):
+        bn.pack_ternary(w_q, 1.0)
+
+
+@pytest.mark.cpu
+def test_quantize_i2s_bad_input_c_abi():
+    ffi = _ffi.ffi
+    w = np.ones((4, 256), np.float32)
+    packed = np.full((4, 64), 0x5A, np.uint8)
+    scales = np.full(4, np.nan, np.float32)
+    wp, pp, sp = (ffi.cast("void *", w.ctypes.data), ffi.cast("uint8_t *", packed.ctypes.data),
+                  ffi.cast("float *", scales.ctypes.data))
+    cases = [
+        (c_quantize_i2s(wp, 4, 200, ffi.NULL, 0, pp, sp), 2, "multiple of 128"),
+        (c_quantize_i2s(wp, 0, 256, ffi.NULL, 0, pp, sp), 1, "M must be"),
+        (c_quantize_i2s(wp, 4, 256, ffi.NULL, 0, pp, sp, dtype=3), 2, "int8"),
+        (c_quantize_i2s(wp, 4, 256, ffi.NULL, 0, pp, sp, dtype=17), 1, "not a bitnet_dtype"),
+        (c_quantize_i2s(ffi.NULL, 4, 256, ffi.NULL, 0, pp, sp), 1, "w is NULL"),
+        (c_quantize_i2s(wp, 4, 256, ffi.NULL, 0, ffi.NULL, sp), 1, "w_packed is NULL"),
+        (c_quantize_i2s(wp, 4, 256, ffi.NULL, 0, pp + 1, sp), 1, "not aligned"),
+        (c_quantize_i2s(wp, 4, 256, ffi.new("int64_t[]", [3, 2]), 2, pp, sp), 1, "sum to M"),
+        (c_quantize_i2s(wp, 4, 256, ffi.new("int64_t[]", [4, 0]), 2, pp, sp), 1, ">= 1 rows"),
+        (c_quantize_i2s(wp, 4, 256, ffi.NULL, 3, pp, sp), 1, "n_segments"),
+        (c_quantize_i2s(wp, 2 ** 62, 256, ffi.NULL, 0, pp, sp), 1, "overflow"),
+        (c_quantize_i2s(wp, 4, 2 ** 23, ffi.NULL, 0, pp, sp), 2, "largest supported K"),
+    ]
+    for (status, message), want_status, want_text in cases:
+        assert status == want_status and want_text in message, (status, message, want_text)
+    assert np.all(packed == 0x5A) and np.all(np.isnan(scales))
+
+
+@pytest.mark.cpu
+def test_quantize_a8_bad_input_c_abi():
+    ffi = _ffi.ffi
+    x = np.ones((2, 128), np.float32)
+    x_q = np.full((2, 128), 7, np.int8)
+    s = np.full(2, np.nan, np.float32)
+    lib = _ffi.lib()
+
+    def call(xp, dtype, N, K, qp, sp):
+        return status_and_message(lib.bitnet_quantize_a8(-1, xp, dtype, N, K, qp, sp, ffi.NULL))
+
+    xp, qp, sp = (ffi.cast("void *", x.ctypes.data), ffi.cast("int8_t *", x_q.ctypes.data),
+                  ffi.cast("float *", s.ctypes.data))
+    assert call(xp, 0, 2, 100, qp, sp)[0] == 2
+    assert call(xp, 4, 2, 128, qp, sp)[0] == 2
+    assert call(xp, -1, 2, 128, qp, sp)[0] == 1
+    assert call(xp, 0, 2, 128, qp, ffi.NULL)[0] == 1
+    assert call(xp, 0, -2, 128, qp, sp)[0] == 1
+    assert call(xp + 2, 0, 2, 128, qp, sp)[0] == 1
+    assert np.all(x_q == 7) and np.all(np.isnan(s))
+
+
+@pytest.mark.cpu
+def test_python_bad_input(rng):
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.quantize_i2s(np.ones((4, 128), np.int32))
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.quantize_i2s(np.ones(128, np.float32))
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        bn.quantize_i2s(np.ones((128, 8), np.float32).T)
+    with pytest.raises(UnsupportedError, match="multiple of 128"):
+        bn.quantize_i2s(np.ones((4, 96), np.float32))
+    with pytest.raises(InvalidArgumentError, match="row_segments"):
+        bn.quantize_i2s(np.ones((4, 128), np.float32), row_segments=[1, 2])
+    with pytest.raises(InvalidArgumentError, match="integer row counts"):  # not truncated to [2, 2]
+        bn.quantize_i2s(np.ones((4, 128), np.float32), row_segments=[2.7, 2.2])
+    with pytest.raises(InvalidArgumentError, match="N must be at least 1"):
+        bn.quantize_a8(np.ones((0, 128), np.float32))
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.quantize_a8(np.ones((2, 128), np.int8))
+    with pytest.raises(InvalidArgumentError, match="dtype"):
+        bn.pack_ternary(np.ones((2, 128), np.int32), 1.0)
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        bn.pack_ternary(np.ones((2, 128), np.int8), np.ones(3, np.float32))
+    with pytest.raises(InvalidArgumentError, match="a scalar or 2 values"):
+        bn.pack_ternary(np.ones((2, 128), np.int8), [1.0, 2.0, 3.0])
+
+
+@pytest.mark.gpu
+def test_pack_gpu_rejects_non_ternary_untouched(rng):
+    torch = pytest.importorskip("torch")
+    w_q = torch.randint(-1, 2, (64, 512), dtype=torch.int8, device="cuda")
+    w_q[63, 511] = 2
+    packed = torch.full((64, 128), 0xA5, dtype=torch.uint8, device="cuda")
+    status, message = status_and_message(_ffi.lib().bitnet_pack_ternary(
+        0, _ffi.ffi.cast("int8_t *", w_q.data_ptr()), 64, 512,
+        _ffi.ffi.cast("uint8_t *", packed.data_ptr()),
+        _ffi.ffi.cast("void *", torch.cuda.current_stream().cuda_stream)))
+    assert status == 1 and "w_q[63, 511] = 2 is not -1, 0 or 1" in message
+    assert bool((packed == 0xA5).all())
+
+
+@pytest.mark.gpu
+def test_quantize_gpu_bad_input(rng):
+    torch = pytest.importorskip("torch")
+    ffi = _ffi.ffi
+    host = np.ones((4, 128), np.float32)
+    packed = torch.full((4, 32), 0x5A, dtype=torch.uint8, device="cuda")
+    scales = torch.full((4,), float("nan"), device="cuda")
+    status, message = c_quantize_i2s(ffi.cast("void *", host.ctypes.data), 4, 128, ffi.NULL, 0,
+                                     ffi.cast("uint8_t *", packed.data_ptr()),
+                                     ffi.cast("float *", scales.data_ptr()), device=0)
+    assert status == 1 and "host memory" in message
+    assert bool((packed == 0x5A).all()) and bool(scales.isnan().all())
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bn.pack_ternary(torch.zeros((4, 128), dtype=torch.int8, device="cuda"),
+                        np.ones(4, np.float32))
+
+
+# rmsnorm (from test_rmsnorm.py)
+BAD_ABI_CASES = {
+    "int8 dtype": (dict(dtype=3), "not float32"),
+    "dtype outside the enum": (dict(dtype=99), "dtype 99"),
+    "T = 0": (dict(T=0), "must be >= 1"),
+    "negative H": (dict(H=-8), "must be >= 1"),
+    "T*H overflows": (dict(T=2**62, H=8), "overflow"),
+    "T*H*size overflows": (dict(T=2**60, H=4), "overflow"),
+    "negative eps": (dict(eps=-1e-5), "eps"),
+    "NaN eps": (dict(eps=math.nan), "eps"),
+    "infinite eps": (dict(eps=math.inf), "eps"),
+    "no output": (dict(y=None, y_q=None, y_scales=None), "both NULL"),
+    "y_q without scales": (dict(y_scales=None), "go together"),
+    "NULL x": (dict(x=None), "x is NULL"),
+    "NULL weight": (dict(weight=None), "weight is NULL"),
+    "misaligned x": (dict(x="x+2"), "aligned"),
+    "misaligned scales": (dict(y_scales="s+1"), "aligned"),
+    "y overlaps residual": (dict(y="residual+32"), "overlap"),
+    "residual is x": (dict(residual="x"), "overlap"),
+    "y_q inside x": (dict(y_q="x+4"), "overlap"),
+    "not a device": (dict(device=-2), "neither the CPU"),
+}
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", BAD_ABI_CASES)
+def test_abi_rejects_bad_arguments(rng, case):
+    changes, message = BAD_ABI_CASES[case]
+    b = Buffers(rng)
+    args = {}
+    for key, value in changes.items():
+        if isinstance(value, str):  # "name+offset": a pointer into one of the buffers
+            name, _, offset = value.partition("+")
+            value = b.ptr(name, int(offset or 0))
+        args[key] = value
+    status = raw_call(**{k: v for k, v in {**b.args(), **args}.items()})
+    assert status == _ffi.lib().BITNET_ERR_INVALID_ARGUMENT, (status, _ffi.last_error())
+    assert message in _ffi.last_error()
+    b.assert_untouched()
+
+
+@pytest.mark.cpu
+def test_abi_rejects_missing_gpu(rng):
+    b = Buffers(rng)
+    count = _ffi.ffi.new("int32_t *")
+    _ffi.call("device_count", count, _ffi.ffi.NULL)
+    status = raw_call(device=count[0], **b.args())
+    assert status == _ffi.lib().BITNET_ERR_NO_DEVICE
+    assert "does not exist" in _ffi.last_error()
+    b.assert_untouched()
+
+
+def python_bad_cases(rng):
+    x, weight, residual = make_inputs(rng, 4, 16, "bfloat16")
+    y = poisoned((4, 16), "bfloat16")
+    return x, weight, residual, y, {
+        "int8 x": (lambda: bitnet_ffi.rmsnorm(x.view(np.int8), weight, out=y), "dtype"),
+        "weight dtype": (lambda: bitnet_ffi.rmsnorm(x, weight.astype(np.float32), out=y), "weight"),
+        "weight length": (lambda: bitnet_ffi.rmsnorm(x, np.concatenate([weight, weight[:1]]), out=y),
+                          r"weight: expected shape \[16\]"),
+        "out dtype": (lambda: bitnet_ffi.rmsnorm(x, weight, out=np.zeros((4, 16), np.float32)), "out"),
+        "out shape": (lambda: bitnet_ffi.rmsnorm(x, weight, out=y[:2]), "out"),
+        "residual shape": (lambda: bitnet_ffi.add_rmsnorm(x, residual[:3], weight, out=y), "residual"),
+        "residual dtype": (lambda: bitnet_ffi.add_rmsnorm(x, residual.astype(np.float16), weight, out=y),
+                           "residual"),
+        "negative eps": (lambda: bitnet_ffi.add_rmsnorm(x, residual, weight, eps=-1.0, out=y), "eps"),
+        "NaN eps": (lambda: bitnet_ffi.rmsnorm(x, weight, eps=math.nan, out=y), "eps"),
+        "strided x": (lambda: bitnet_ffi.rmsnorm(x[:, ::2], weight[::2].copy(), out=y[:, :8]),
+                      "contiguous"),
+        "bad out pair": (lambda: bitnet_ffi.rmsnorm_quantize(x, weight, out=y), "pair"),
+        "scales shape": (lambda: bitnet_ffi.rmsnorm_quantize(
+            x, weight, out=(np.zeros((4, 16), np.int8), np.zeros(5, np.float32))), "scales"),
+        "scalar x": (lambda: bitnet_ffi.rmsnorm(np.array(1.0, np.float32), weight), "scalar"),
+        "empty x": (lambda: bitnet_ffi.rmsnorm(x[:0], weight), ">= 1"),
+    }
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("case", python_bad_cases(np.random.default_rng(0))[4])
+def test_python_rejects_bad_arguments(rng, case):
+    x, weight, residual, y, cases = python_bad_cases(rng)
+    before = residual.copy()
+    call, message = cases[case]
+    with pytest.raises(InvalidArgumentError, match=message):
+        call()
+    assert np.isnan(y.astype(np.float32)).all()
+    np.testing.assert_array_equal(residual.view(np.uint16), before.view(np.uint16))
+
+
+@pytest.mark.gpu
+def test_gpu_rejects_host_memory_and_mixed_devices(rng):
+    import torch
+    b = Buffers(rng)
+    xd = torch_put(b.x)
+    status = raw_call(device=0, **b.args(x=_ffi.ffi.cast("void *", xd.data_ptr())))
+    assert status == _ffi.lib().BITNET_ERR_INVALID_ARGUMENT
+    assert "host memory" in _ffi.last_error()
+    b.assert_untouched()
+    y = torch.full((4, 8), float("nan"), device="cuda")
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bitnet_ffi.rmsnorm(xd, b.weight, out=y)
+    with pytest.raises(InvalidArgumentError, match="different devices"):
+        bitnet_ffi.add_rmsnorm(xd, b.residual, torch_put(b.weight), out=y)
+    assert torch.isnan(y).all()
+    np.testing.assert_array_equal(b.residual, b.residual_before)

@@ -4,90 +4,17 @@ inputs. And the last-error message is per thread: each thread triggers its own e
 wait at a barrier, then each must read back exactly its own message."""
 import threading
 
-import ml_dtypes
 import numpy as np
 import pytest
 
-import bitnet_ffi as bn
 from bitnet_ffi import _ffi
-from test_bad_input_matrix import Memory, c_value, valid_call
+
+from reference import (Memory, backend_io, c_value, make_every_op_inputs as make_inputs, run_every_op,
+                       valid_call)
 
 THREADS = 8
 ITERATIONS = 4
 BACKENDS = [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("gpu", marks=pytest.mark.gpu)]
-
-
-def make_inputs(seed):
-    """Small inputs for every op; attention and the layer glue in float16 (both backends run it)."""
-    rng = np.random.default_rng(seed)
-
-    def normal(*shape, dtype=np.float32):
-        return rng.standard_normal(shape).astype(np.float32).astype(dtype)
-
-    return {
-        "w": normal(96, 256), "x": normal(3, 256),
-        "w_q": rng.integers(-1, 2, (40, 128), dtype=np.int8), "w_scales": normal(40) ** 2 + 0.1,
-        "hidden": normal(4, 200), "norm_w": normal(200), "residual": normal(4, 200),
-        "q": normal(2, 3, 4, 64, dtype=np.float16), "k": normal(2, 37, 2, 64, dtype=np.float16),
-        "v": normal(2, 37, 2, 64, dtype=np.float16),
-        "rq": normal(2, 3, 4, 64, dtype=np.float16), "rk": normal(2, 3, 2, 64, dtype=np.float16),
-        "rv": normal(2, 3, 2, 64, dtype=np.float16),
-        "k_cache": np.zeros((2, 9, 2, 64), np.float16), "v_cache": np.zeros((2, 9, 2, 64), np.float16),
-        "gate_up": normal(5, 96, dtype=np.float16),
-        "head_w": normal(50, 64, dtype=ml_dtypes.bfloat16), "head_x": normal(2, 64),
-        "logits": normal(3, 500), "table": normal(40, 16),
-        "ids": rng.integers(0, 40, 7).astype(np.int32),
-        "counter": rng.integers(-1000, 1000, 33).astype(np.int32),
-    }
-
-
-def run_every_op(inputs, put, get, stream=None):
-    """Runs every op once on fresh copies of `inputs`; returns every output as numpy."""
-    d = {name: put(a) for name, a in inputs.items()}
-    out = {}
-    tw = bn.quantize_i2s(d["w"], stream=stream)
-    out["packed"], out["w_scales"], out["unpacked"] = get(tw.packed), get(tw.scales), get(
-        tw.unpack(stream=stream))
-    x_q, s = bn.quantize_a8(d["x"], stream=stream)
-    out["x_q"], out["x_scales"] = get(x_q), get(s)
-    out["gemv_w2a8"] = get(bn.gemv_w2a8(tw, x_q, s, stream=stream))
-    out["gemv_w2a8_i32"] = get(bn.gemv_w2a8(tw, x_q, s, out_dtype="int32", stream=stream))
-    out["pack"] = get(bn.pack_ternary(d["w_q"], d["w_scales"], stream=stream).packed)
-    out["rmsnorm"] = get(bn.rmsnorm(d["hidden"], d["norm_w"], stream=stream))
-    y_q, y_s = bn.rmsnorm_quantize(d["hidden"], d["norm_w"], stream=stream)
-    out["rms_q"], out["rms_scales"] = get(y_q), get(y_s)
-    out["add_rmsnorm"] = get(bn.add_rmsnorm(d["hidden"], d["residual"], d["norm_w"], stream=stream))
-    out["residual"] = get(d["residual"])
-    out["attention"] = get(bn.attention(d["q"], d["k"], d["v"], seq_lens=[37, 20], stream=stream))
-    bn.rope_append_kv(d["rq"], d["rk"], d["rv"], d["k_cache"], d["v_cache"], [0, 5], stream=stream)
-    out["rope_q"], out["k_cache"], out["v_cache"] = get(d["rq"]), get(d["k_cache"]), get(d["v_cache"])
-    out["relu2"] = get(bn.relu2_gate(d["gate_up"], stream=stream))
-    out["gemv_bf16"] = get(bn.gemv_bf16(d["head_w"], d["head_x"], stream=stream))
-    out["argmax"] = get(bn.argmax(d["logits"], stream=stream))
-    out["embedding"] = get(bn.embedding(d["table"], d["ids"], stream=stream))
-    bn.add_int32(d["counter"], 12345, stream=stream)
-    out["counter"] = get(d["counter"])
-    return out
-
-
-def backend_io(backend, stream=None):
-    """(put, get) for a backend: numpy copies, or torch tensors on cuda:0 read back after `stream`."""
-    if backend == "cpu":
-        return (lambda a: a.copy()), (lambda a: np.array(a, copy=True))
-    import torch
-
-    def put(a):
-        if a.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(a.view(np.int16).copy()).cuda().view(torch.bfloat16)
-        return torch.from_numpy(a.copy()).cuda()
-
-    def get(t):
-        stream.synchronize()
-        if t.dtype == torch.bfloat16:
-            return t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.cpu().numpy()
-
-    return put, get
 
 
 def run_on(backend, inputs, stream):

@@ -16,15 +16,12 @@ from hypothesis import strategies as st
 
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays
-from test_attention import TOLERANCE as ATTENTION_TOL, make_qkv as make_attention_inputs
-from test_attention import reference_attention
-from test_gemv_w2a8 import cpu_isas, float32_rule, ref_gemv
-from test_layer_glue import GATE_ATOL, GATE_TOL, ROPE_TOL, reference_relu2_gate, reference_rope
-from test_quantize import ref_codes, ref_pack, ref_quantize_a8, ref_scales
-from test_rmsnorm import RTOL as RMSNORM_RTOL, check_quantized, reference as reference_rmsnorm
-from test_rmsnorm import assert_bit_identical as assert_rmsnorm_bit_identical, check as check_rmsnorm
-from test_rmsnorm import check_gated, make_inputs as make_rmsnorm_inputs
-from test_rmsnorm import run as run_rmsnorm, run_gated, run_two_ops
+
+from reference import (ATTENTION_TOL, GATE_ATOL, GATE_TOL, RMSNORM_RTOL, ROPE_TOL,
+                       assert_rmsnorm_bit_identical, check_gated, check_quantized, check_rmsnorm, cpu_isas,
+                       float32_rule, make_attention_inputs, make_rmsnorm_inputs, ref_codes, ref_gemv,
+                       ref_pack, ref_quantize_a8, ref_scales, reference_attention, reference_relu2_gate,
+                       reference_rmsnorm, reference_rope, run_gated, run_rmsnorm, run_two_ops)
 
 FLOATS = ("float32", "float16", "bfloat16")
 GPU_FLOATS = ("float16", "bfloat16")  # attention and the layer glue run float32 on the CPU only

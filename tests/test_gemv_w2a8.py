@@ -12,54 +12,17 @@ import pytest
 
 import bitnet_ffi as bn
 from bitnet_ffi import _ffi
-from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
+from bitnet_ffi.errors import InvalidArgumentError
+
+from reference import make_problem, torch_problem, cpu_isas, float32_rule, ref_gemv
 
 PROJECTIONS_2B4T = [(3840, 2560), (2560, 2560), (13824, 2560), (2560, 6912)]
-
-
-def ref_gemv(w_q, w_scales, x_q, x_scales):
-    """(exact int64 dot [N, M], float64 y [N, M])."""
-    dot = x_q.astype(np.int64) @ w_q.astype(np.int64).T
-    return dot, dot * w_scales.astype(np.float64)[None, :] / x_scales.astype(np.float64)[:, None]
-
-
-def float32_rule(dot, w_scales, x_scales):
-    return (dot.astype(np.float32) * w_scales[None, :]) / x_scales[:, None]
 
 
 def cast(y32, out_dtype):
     if out_dtype == "bfloat16":
         return y32.astype(pytest.importorskip("ml_dtypes").bfloat16)
     return y32.astype(out_dtype)
-
-
-def make_problem(rng, M, K, N):
-    w_q = rng.integers(-1, 2, (M, K), dtype=np.int8)
-    w_scales = rng.uniform(0.01, 2.0, M).astype(np.float32)
-    x_q = rng.integers(-128, 128, (N, K), dtype=np.int8)
-    x_q[0, :64] = -128                      # activation extremes
-    x_q[-1, 64:128] = 127
-    x_scales = rng.uniform(1.0, 300.0, N).astype(np.float32)
-    return w_q, w_scales, x_q, x_scales
-
-
-def cpu_isas():
-    lib, isas = _ffi.lib(), []
-    for index, name in enumerate(bn.ternary.CPU_ISAS[1:], start=1):
-        if lib.bitnet_cpu_set_isa(index) == 0:
-            isas.append(name)
-    lib.bitnet_cpu_set_isa(0)
-    return isas
-
-
-@pytest.fixture(params=["portable", "avx2", "avx512-vnni"])
-def isa(request):
-    if request.param not in cpu_isas():
-        pytest.skip(f"this CPU cannot run the {request.param} path")
-    bn.set_cpu_isa(request.param)
-    assert bn.cpu_isa() == request.param
-    yield request.param
-    bn.set_cpu_isa("auto")
 
 
 def check_outputs(tw, w_q, w_scales, x_q, x_scales, dtypes=("int32", "float32", "float16",
@@ -140,74 +103,7 @@ def test_cpu_isa_selection():
         bn.set_cpu_isa("sse9")
 
 
-def c_gemv(w, ws, M, K, x, xs, N, y, y_dtype, device=-1, stream=None):
-    ffi = _ffi.ffi
-    status = _ffi.lib().bitnet_gemv_w2a8(
-        device, ffi.cast("uint8_t *", w), ffi.cast("float *", ws), M, K, ffi.cast("int8_t *", x),
-        ffi.cast("float *", xs), N, ffi.cast("void *", y), y_dtype,
-        ffi.cast("void *", stream or 0))
-    return int(status), _ffi.last_error()
-
-
-@pytest.mark.cpu
-def test_gemv_bad_input_c_abi(rng):
-    M, K, N = 16, 256, 2
-    w = np.zeros((M, K // 4), np.uint8)
-    ws = np.ones(M, np.float32)
-    x = np.zeros((N, K), np.int8)
-    xs = np.ones(N, np.float32)
-    y = np.full((N, M), -7, np.int32)
-    p = lambda a: a.ctypes.data  # noqa: E731
-    cases = [
-        (c_gemv(p(w), p(ws), M, 200, p(x), p(xs), N, p(y), 4), 2, "multiple of 128"),
-        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), 0, p(y), 4), 1, "N must be"),
-        (c_gemv(p(w), p(ws), 0, K, p(x), p(xs), N, p(y), 4), 1, "M must be"),
-        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 99), 1, "not a bitnet_dtype"),
-        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 3), 2, "int8"),
-        (c_gemv(0, p(ws), M, K, p(x), p(xs), N, p(y), 4), 1, "w_packed is NULL"),
-        (c_gemv(p(w), p(ws), M, K, p(x), 0, N, p(y), 4), 1, "x_scales is NULL"),
-        (c_gemv(p(w) + 4, p(ws), M, K, p(x), p(xs), N, p(y), 4), 1, "not aligned"),
-        (c_gemv(p(w), p(ws), M, K, p(x) + 8, p(xs), N, p(y), 4), 1, "not aligned"),
-        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y) + 2, 4), 1, "not aligned"),
-        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), 2 ** 60, p(y), 4), 1, "overflow"),
-        (c_gemv(p(w), p(ws), 2 ** 61, K, p(x), p(xs), N, p(y), 4), 1, "overflow"),
-        (c_gemv(p(w), p(ws), M, K, p(x), p(xs), N, p(y), 4, device=-7), 1, "neither"),
-    ]
-    for (status, message), want_status, want_text in cases:
-        assert status == want_status and want_text in message, (status, message, want_text)
-    assert np.all(y == -7)
-
-
-@pytest.mark.cpu
-def test_gemv_python_bad_input(rng):
-    w_q, w_scales, x_q, x_scales = make_problem(rng, 8, 256, 2)
-    tw = bn.pack_ternary(w_q, w_scales)
-    out = np.full((2, 8), np.nan, np.float32)
-    with pytest.raises(InvalidArgumentError, match="TernaryWeights"):
-        bn.gemv_w2a8(tw.packed, x_q, x_scales)
-    with pytest.raises(InvalidArgumentError, match="dtype"):
-        bn.gemv_w2a8(tw, x_q.astype(np.int32), x_scales, out=out)
-    with pytest.raises(InvalidArgumentError, match="shape"):
-        bn.gemv_w2a8(tw, np.ascontiguousarray(x_q[:, :128]), x_scales, out=out)
-    with pytest.raises(InvalidArgumentError, match="shape"):
-        bn.gemv_w2a8(tw, x_q, x_scales[:1], out=out)
-    with pytest.raises(InvalidArgumentError, match="out_dtype"):
-        bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int8")
-    with pytest.raises(InvalidArgumentError, match="shape"):
-        bn.gemv_w2a8(tw, x_q, x_scales, out=np.zeros((2, 9), np.float32))
-    with pytest.raises(InvalidArgumentError, match="dtype"):
-        bn.gemv_w2a8(tw, x_q, x_scales, out=np.zeros((2, 8), np.float16))
-    assert np.all(np.isnan(out))
-
-
 # ---------------------------------------------------------------- tier 3: GPU
-
-
-def torch_problem(torch, rng, M, K, N):
-    w_q, w_scales, x_q, x_scales = make_problem(rng, M, K, N)
-    tw_cpu = bn.pack_ternary(w_q, w_scales)
-    tw = bn.TernaryWeights(torch.from_numpy(tw_cpu.packed).cuda(), torch.from_numpy(w_scales).cuda())
-    return tw, tw_cpu, torch.from_numpy(x_q).cuda(), torch.from_numpy(x_scales).cuda(), x_q, x_scales
 
 
 @pytest.mark.gpu
@@ -308,34 +204,3 @@ def test_gemv_gpu_on_torch_stream_and_graph(rng, monkeypatch, raw_stream):
     graph.replay()
     torch.cuda.synchronize()
     np.testing.assert_array_equal(out.cpu().numpy(), want)
-
-
-@pytest.mark.gpu
-def test_gemv_gpu_bad_input(rng):
-    torch = pytest.importorskip("torch")
-    tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, 64, 256, 2)
-    out = torch.full((2, 64), -7, dtype=torch.int32, device="cuda")
-    status, message = c_gemv(tw.packed.data_ptr(), tw.scales.data_ptr(), 64, 256, x_q.ctypes.data,
-                             xs_gpu.data_ptr(), 2, out.data_ptr(), 4, device=0)
-    assert status == 1 and "host memory" in message
-    with pytest.raises(InvalidArgumentError, match="different devices"):
-        bn.gemv_w2a8(tw, x_q, x_scales, out_dtype="int32")
-    with pytest.raises(InvalidArgumentError, match="x_q on cpu"):
-        bn.gemv_w2a8(tw, torch.from_numpy(x_q), xs_gpu, out=out, out_dtype="int32")
-    with pytest.raises(UnsupportedError, match="multiple of 128"):
-        bn.gemv_w2a8(bn.TernaryWeights(tw.packed[:, :24].contiguous(), tw.scales),
-                     x_gpu[:, :96].contiguous(), xs_gpu)
-    assert bool((out == -7).all())
-
-
-@pytest.mark.perf
-def test_perf_gemv_13824x2560(benchmark, cuda, rng):
-    torch = pytest.importorskip("torch")
-    tw, _, x_gpu, xs_gpu, _, _ = torch_problem(torch, rng, 13824, 2560, 1)
-    out = torch.empty((1, 13824), device="cuda")
-
-    def run():
-        bn.gemv_w2a8(tw, x_gpu, xs_gpu, out=out)
-        torch.cuda.synchronize()
-
-    benchmark(run)

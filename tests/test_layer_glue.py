@@ -4,47 +4,10 @@ import numpy as np
 import pytest
 
 import bitnet_ffi
-from bitnet_ffi import _arrays, _ffi
-from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
+from bitnet_ffi import _arrays
 
-
-def reference_rope(x, positions, theta):
-    """Rotate-half RoPE in float64; x [B, S, H, D], token s of sequence b at positions[b] + s."""
-    x = np.asarray(x, dtype=np.float64)
-    B, S, H, D = x.shape
-    half = D // 2
-    pos = np.asarray(positions, dtype=np.float64)[:, None] + np.arange(S)[None, :]    # [B, S]
-    angle = pos[..., None] * theta ** (-2.0 * np.arange(half) / D)                    # [B, S, half]
-    cos, sin = np.cos(angle)[:, :, None, :], np.sin(angle)[:, :, None, :]
-    a, b = x[..., :half], x[..., half:]
-    return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-
-
-def reference_relu2_gate(gate_up):
-    gate_up = np.asarray(gate_up, dtype=np.float64)
-    F = gate_up.shape[-1] // 2
-    return np.maximum(gate_up[..., :F], 0) ** 2 * gate_up[..., F:]
-
-
-# Rotation and gate run in float32 on float32 inputs, then round once to the dtype: 1 ulp of the
-# output dtype (relative to the row's magnitude for RoPE), 2 for float16/bfloat16 with float32
-# angle products; float32 results within a few float32 ulps.
-ROPE_TOL = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
-GATE_TOL = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 8e-3}
-GATE_ATOL = {"float32": 1e-38, "float16": 2.0 ** -24, "bfloat16": 1e-38}  # float16 subnormal spacing
-
-
-def cast(x, dtype):
-    return x.astype(_arrays.numpy_dtype(dtype))
-
-
-def rope_case(rng, dtype, B, S, Hq, Hkv, D, C):
-    q = cast(rng.standard_normal((B, S, Hq, D)), dtype)
-    k = cast(rng.standard_normal((B, S, Hkv, D)), dtype)
-    v = cast(rng.standard_normal((B, S, Hkv, D)), dtype)
-    k_cache = np.full((B, C, Hkv, D), np.nan, dtype=q.dtype)
-    v_cache = np.full((B, C, Hkv, D), np.nan, dtype=q.dtype)
-    return q, k, v, k_cache, v_cache
+from reference import (GATE_ATOL, GATE_TOL, ROPE_TOL, cast, cpu_isas, reference_relu2_gate, reference_rope,
+                       rope_case, to_torch)
 
 
 def check_rope(q_before, q_after, k, v, k_cache, v_cache, positions, theta, dtype):
@@ -87,37 +50,6 @@ def test_cpu_rope_large_positions_and_theta(rng):
 
 
 @pytest.mark.cpu
-def test_cpu_rope_bad_input(rng):
-    q, k, v, k_cache, v_cache = rope_case(rng, "float16", 2, 3, 8, 2, 64, 10)
-    q_before = q.copy()
-    for kwargs, match in [(dict(positions=[8, 0]), r"positions\[0\]"), (dict(positions=[0, -1]),
-                          r"positions\[1\]"), (dict(positions=[0]), "positions"),
-                          (dict(theta=0.5), "theta"), (dict(k=k[:, :, :1].copy()), "shape"),
-                          (dict(v_cache=v_cache.astype(np.float32)), "dtype")]:
-        args = dict(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, positions=[0, 7])
-        args.update(kwargs)
-        with pytest.raises(InvalidArgumentError, match=match):
-            bitnet_ffi.rope_append_kv(**args)
-    lib, ffi = _ffi.lib(), _ffi.ffi
-    ptr = (lambda a: ffi.cast("void *", a.ctypes.data))
-    positions = np.array([0, 8], np.int32)
-    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 64, ptr(q), ptr(k), ptr(v), ptr(k_cache),
-                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
-                                       500000.0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "positions[1]" in _ffi.last_error()
-    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 63, ptr(q), ptr(k), ptr(v), ptr(k_cache),
-                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
-                                       500000.0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "even" in _ffi.last_error()
-    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 64, ptr(q), ffi.NULL, ptr(v), ptr(k_cache),
-                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
-                                       500000.0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "k is NULL" in _ffi.last_error()
-    np.testing.assert_array_equal(q.view(np.uint16), q_before.view(np.uint16))
-    assert np.isnan(k_cache.astype(np.float32)).all() and np.isnan(v_cache.astype(np.float32)).all()
-
-
-@pytest.mark.cpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1, 2 * 6912), (7, 2 * 13), (3, 5, 2 * 40)])
 def test_cpu_relu2_gate(rng, dtype, shape):
@@ -147,7 +79,6 @@ def test_cpu_float16_rows_convert_exactly_on_every_path(rng):
     on it (cpu/convert.c): relu2_gate's float32 products rounded to float16 equal numpy's rounding
     (overflow to inf, subnormals, ties), and every float16 op gives the same bits on every path
     (NaN positions for NaN)."""
-    from test_gemv_w2a8 import cpu_isas
     T, F = 3, 1000
     gate_up = np.stack([float16_edge_row(rng, 2 * F) for _ in range(T)])
     x = rng.standard_normal((T, 1024)).astype(np.float16)
@@ -178,33 +109,7 @@ def test_cpu_float16_rows_convert_exactly_on_every_path(rng):
             np.testing.assert_array_equal(a[keep], b[keep], f"{isa} differs from portable")
 
 
-@pytest.mark.cpu
-def test_cpu_relu2_gate_bad_input(rng):
-    gate_up = cast(rng.standard_normal((3, 10)), "bfloat16")
-    out = np.full((3, 5), np.nan, dtype=gate_up.dtype)
-    with pytest.raises(InvalidArgumentError, match="2F"):
-        bitnet_ffi.relu2_gate(gate_up[:, :9].copy())
-    with pytest.raises(InvalidArgumentError, match="shape"):
-        bitnet_ffi.relu2_gate(gate_up, out=np.empty((3, 4), gate_up.dtype))
-    with pytest.raises(InvalidArgumentError, match="dtype"):
-        bitnet_ffi.relu2_gate(gate_up.astype(np.int8))
-    lib, ffi = _ffi.lib(), _ffi.ffi
-    status = lib.bitnet_relu2_gate(-1, 2, 3, 5, ffi.cast("void *", gate_up.ctypes.data + 1),
-                                   ffi.cast("void *", out.ctypes.data), ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "aligned" in _ffi.last_error()
-    status = lib.bitnet_relu2_gate(-1, 2, 0, 5, ffi.cast("void *", gate_up.ctypes.data),
-                                   ffi.cast("void *", out.ctypes.data), ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "positive" in _ffi.last_error()
-    assert np.isnan(out.astype(np.float32)).all()
-
-
 # ---- tiers 2 and 3: CUDA ----
-
-def to_torch(x):
-    import torch
-    if x.dtype.name == "bfloat16":
-        return torch.from_numpy(x.view(np.int16)).cuda().view(torch.bfloat16)
-    return torch.from_numpy(x).cuda()
 
 
 def to_numpy(t, dtype):
@@ -267,24 +172,3 @@ def test_gpu_rope_device_positions_out_of_range_are_skipped(rng):
     assert torch.equal(q[1:], q_before[1:]) and not torch.equal(q[0], q_before[0])
     assert torch.isnan(k_cache[1:]).all() and torch.isnan(v_cache[1:]).all()
     assert torch.equal(v_cache[0, 3:5], v[0])
-
-
-@pytest.mark.gpu
-def test_gpu_glue_bad_input(rng):
-    import torch
-    lib, ffi = _ffi.lib(), _ffi.ffi
-    gate_up = torch.randn(3, 10, device="cuda", dtype=torch.bfloat16)
-    out = torch.full((3, 5), float("nan"), device="cuda", dtype=torch.bfloat16)
-    host = np.zeros((3, 10), np.float16)
-    status = lib.bitnet_relu2_gate(0, 2, 3, 5, ffi.cast("void *", host.ctypes.data),
-                                   ffi.cast("void *", out.data_ptr()), ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "host memory" in _ffi.last_error()
-    with pytest.raises(UnsupportedError):
-        bitnet_ffi.relu2_gate(gate_up.float(), out=out.float())
-    with pytest.raises(InvalidArgumentError, match="different devices"):
-        bitnet_ffi.relu2_gate(gate_up, out=out.cpu())
-    q, k, v, k_cache, v_cache = (to_torch(x) for x in rope_case(rng, "float16", 2, 3, 8, 2, 64, 10))
-    with pytest.raises(InvalidArgumentError, match=r"positions\[1\]"):
-        bitnet_ffi.rope_append_kv(q, k, v, k_cache, v_cache, [0, 8])
-    torch.cuda.synchronize()
-    assert torch.isnan(out).all() and torch.isnan(k_cache).all()

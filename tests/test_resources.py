@@ -10,7 +10,8 @@ import pytest
 import bitnet_ffi as bn
 from bitnet_ffi import _ffi
 from bitnet_ffi.errors import InvalidArgumentError, OutOfMemoryError
-from test_concurrency import backend_io, make_inputs, run_every_op
+
+from reference import backend_io, make_every_op_inputs as make_inputs, run_every_op
 
 MiB = 1 << 20
 CPU_ROUNDS = 500

@@ -2,8 +2,8 @@
 collect nothing, so the sanitizer would check nothing), tools/bench_host.py runs on the CPU,
 tools/bench_gemv.py sums the 2B4T projections as ANCHORS.md sums Microsoft's,
 tools/kernel_code_diff.py tells a changed kernel from an unchanged one, the CUDA probes build,
-tools/decode_timeline.py instruments the decode kernel and reads its stamps, and the A/B table of
-tools/report.py (tools/ab_variants.sh) compares variants' rounds."""
+tools/dev/decode_timeline.py instruments the decode kernel and reads its stamps, and the A/B table
+of tools/report.py (tools/dev/ab_variants.sh) compares variants' rounds."""
 import argparse
 import os
 import re
@@ -25,19 +25,22 @@ def without_sanitizers():
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
-def import_tool(name):
-    """A module of tools/, imported as the tools import each other (tools/ first on the path)."""
-    sys.path.insert(0, str(REPO / "tools"))
+def import_tool(name, folder="tools"):
+    """A module of tools/ (or tools/dev/), imported as the tools import each other (its folder
+    first on the path)."""
+    sys.path.insert(0, str(REPO / folder))
     try:
         return __import__(name)
     finally:
-        sys.path.remove(str(REPO / "tools"))
+        sys.path.remove(str(REPO / folder))
 
 
 def test_every_test_that_gpu_sanitize_runs_exists():
-    script = (REPO / "tools" / "gpu_sanitize.sh").read_text()
-    ids = re.findall(r"tests/test_\w+\.py::\w+(?:\[[^\]]*\])?", script)
-    assert len(ids) >= 10, ids
+    listing = subprocess.run(["bash", str(REPO / "tools" / "gpu_sanitize.sh"), "--list"],
+                             capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    ids = listing.stdout.split()
+    assert len(ids) >= 10 and all(re.fullmatch(r"tests/test_\w+\.py::\w+(\[[^\]]*\])?", i) for i in ids), ids
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
         cwd=REPO, capture_output=True, text=True)
@@ -102,45 +105,40 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA probes in tools/ need nvcc")
 @pytest.mark.parametrize("probe", ["read_floor.cu", "cluster_fit.cu"])
 def test_cuda_probes_compile(probe, tmp_path):
-    """The standalone probes that BENCHMARKS.md cites build with the line in their header (they run
+    """The standalone probes of tools/dev/ that the log cites build with the line in their header (they run
     only on a GPU machine)."""
-    run = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "probe"), str(REPO / "tools" / probe)],
+    run = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "probe"), str(REPO / "tools" / "dev" / probe)],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers())
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "probe").stat().st_size > 0
 
 
-def test_decode_timeline_finds_every_place_it_stamps():
-    """Each edit applies exactly once to the committed attention_decode.cu; a kernel change that
-    moves one of those lines fails here, naming it, rather than on the GPU machine."""
-    timeline = import_tool("decode_timeline")
-    text = timeline.SOURCE.read_text()
-    stamped = timeline.instrument(text)
-    for _, old, new in timeline.EDITS:
-        assert stamped.count(new) == 1
-    assert stamped.endswith(timeline.EXPORTS)
-    with pytest.raises(SystemExit, match="the PDL wait"):
-        timeline.instrument(text.replace("bn_pdl_wait(); /* q,", "bn_pdl_wait(); /*"))
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="building the stamped decode kernel needs nvcc")
-def test_decode_timeline_copy_compiles(tmp_path):
-    timeline = import_tool("decode_timeline")
-    copy = tmp_path / "attention_decode.cu"
-    copy.write_text(timeline.instrument(timeline.SOURCE.read_text()))
-    run = subprocess.run(["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
-                          "--expt-relaxed-constexpr", "-Inative/include", "-Inative/src",
-                          "-Inative/src/cuda", "-DBITNET_HAVE_CUDA", "-c", str(copy), "-o",
-                          str(tmp_path / "timeline.o")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600, env=without_sanitizers())
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="building the timeline hooks needs nvcc")
+def test_decode_timeline_hooks_compile_only_in_the_timeline_build(tmp_path):
+    """attention_decode.cu with -DBITNET_TIMELINE (as `decode_timeline.py build` compiles it) has
+    the stamps' buffer and the two exports that `run` reads; without the define it has neither."""
+    timeline = import_tool("decode_timeline", "tools/dev")
+    assert timeline.RECORD.itemsize == 8 * len(timeline.STAMPS) + 4 * 4 + 8  # TimelineRecord
+    symbols = {}
+    for name, defines in (("default", []), ("timeline", ["-DBITNET_TIMELINE"])):
+        obj = tmp_path / f"{name}.o"
+        run = subprocess.run(["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
+                              "--expt-relaxed-constexpr", "-Inative/include", "-Inative/src",
+                              "-Inative/src/cuda", "-DBITNET_HAVE_CUDA", *defines, "-c",
+                              "native/src/cuda/attention_decode.cu", "-o", str(obj)],
+                             cwd=REPO, capture_output=True, text=True, timeout=600, env=without_sanitizers())
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        nm = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+        symbols[name] = {s for s in ("g_timeline", "bitnet_timeline_reset", "bitnet_timeline_read") if s in nm}
+    assert symbols == {"default": set(),
+                       "timeline": {"g_timeline", "bitnet_timeline_reset", "bitnet_timeline_read"}}
 
 
 def test_decode_timeline_reads_a_steady_state():
     """Synthetic records of 2 replays of 50 calls, 6000 ns apart, 5 clusters of 16 blocks whose
     stamps sit at known offsets from the previous call's last store; clusters 0 and 1 start before
     it. Shuffled, they come back as those offsets: the earliest start and the latest other stamps."""
-    timeline = import_tool("decode_timeline")
+    timeline = import_tool("decode_timeline", "tools/dev")
     calls, clusters, blocks, period, base = timeline.CALLS, 5, 16, 6000, 1_700_000_000_000_000_000
     offsets = [None, 700, 2600, 3300, 3900, 4500, 5000, 5450, 5750, period]
     rng = np.random.default_rng(0)

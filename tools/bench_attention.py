@@ -11,7 +11,7 @@ kernel.
 
     python tools/bench_attention.py [--json results.json] [--quick]
 
-For A/B runs of kernel variants (tools/ab_variants.sh): --no-torch times our calls alone (torch SDPA
+For A/B runs of kernel variants (tools/dev/ab_variants.sh): --no-torch times our calls alone (torch SDPA
 still checks the first call's output), --decode-cases picks the decode cases, e.g. 1x4096,8x4096.
 
 CPU (--cpu): the same heads, causal, bf16 and float32, on every CPU SIMD path this machine runs,
@@ -22,7 +22,6 @@ side by side with a float32 numpy implementation (einsum, softmax); GB/s counts 
     python tools/bench_attention.py --cpu [--json results.json]
 """
 import argparse
-import json
 import math
 
 import numpy as np
@@ -30,7 +29,7 @@ import numpy as np
 import bitnet_ffi
 from cpu_bench import available_isas, memory_bandwidths, time_s
 from gpu_bench import graph_time_us, read_bandwidth_gbps
-from report import attention_markdown
+from report import emit
 
 HQ, HKV, D = 20, 5, 128
 ROTATE_BYTES = 512 << 20
@@ -225,10 +224,7 @@ def main():
                         help="GPU: these decode cases instead of the default ones")
     args = parser.parse_args()
     result = run_cpu() if args.cpu else run_gpu(args)
-    print(attention_markdown(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ numpy reference of the tests at the same shape.
   python tools/bench_gemv.py --cpu [--json PATH]
 """
 import argparse
-import json
 import math
 import time
 
@@ -20,7 +19,7 @@ import numpy as np
 import bitnet_ffi as bn
 from cpu_bench import available_isas, memory_bandwidths, time_s
 from gpu_bench import graph_time_us, read_bandwidth_gbps
-from report import ANCHORS, MICROSOFT_2B4T_US, PROJECTIONS_2B4T, gemv_markdown
+from report import ANCHORS, MICROSOFT_2B4T_US, PROJECTIONS_2B4T, emit
 
 ROTATE_BYTES = 512 << 20
 
@@ -194,10 +193,7 @@ def main():
     parser.add_argument("--json", help="write the results to this path")
     args = parser.parse_args()
     result = run_cpu() if args.cpu else run_gpu(args.quick, args.gemv_only)
-    print(gemv_markdown(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ the quantized variant rms_norm -> absmax -> scale -> round -> int8, unfused; for
 relu(gate)^2 * up first.
 """
 import argparse
-import json
 import math
 
 import torch
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 
 import bitnet_ffi
 from gpu_bench import graph_time_us, read_bandwidth_gbps
-from report import rmsnorm_markdown
+from report import emit
 
 ROTATE_BYTES = 256 << 20
 MIN_CALLS, MAX_CALLS = 20, 25600
@@ -114,10 +113,7 @@ def main():
         torch.cuda.empty_cache()
 
     result = {"tool": "rmsnorm", "device": device, "read_bandwidth_gbps": read_bw, "rows": rows}
-    print(rmsnorm_markdown(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

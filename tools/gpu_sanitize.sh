@@ -14,8 +14,32 @@
 # graphs and DeviceArray, and (memcheck only) eight threads on their own streams. Each tool gets
 # SANITIZE_TIMEOUT seconds (default 120); errors are printed as they are found, so a run cut short
 # by the timeout still reports what it saw. Exit status: 0 when every tool ran clean.
+#   tools/gpu_sanitize.sh --list          print the test ids and exit
 set -u
 cd "$(dirname "$0")/.."
+
+ATTENTION=tests/test_attention.py
+RMSNORM=tests/test_rmsnorm.py
+SUBSET=(
+    tests/test_bad_input_matrix.py::test_the_valid_call_succeeds_on_the_gpu
+    $ATTENTION::{test_gpu_smoke_decode,test_gpu_ragged_matches_cpu_and_reference}
+    $ATTENTION::{test_gpu_device_seq_lens_out_of_range_give_nan_for_that_sequence_only,test_gpu_device_array_and_cuda_graph_replay}
+    "$ATTENTION::test_gpu_decode_matches_reference_and_sdpa["{case3-bfloat16,case12-bfloat16,case13-float16,case14-bfloat16}"]"
+    tests/test_layer_glue.py::{test_gpu_smoke_relu2_gate,test_gpu_rope_device_positions_out_of_range_are_skipped}
+    $RMSNORM::{test_gpu_smoke,test_gpu_unaligned_rows_take_the_scalar_path,test_zero_row_with_eps_0_is_nan_and_leaves_the_other_rows}
+    "$RMSNORM::test_gpu_matches_reference_and_cpu["{4096-2560-quant-bfloat16,4096-2560-add_quant_y-bfloat16,20000-256-quant-float16}"]"
+    "$RMSNORM::test_gpu_relu2_rmsnorm_matches_reference_two_ops_and_cpu[4096-2560-quant-bfloat16]"
+    tests/test_quantize.py::test_pack_unpack_gpu_device_array
+    tests/test_bad_input_matrix.py::test_pack_gpu_rejects_non_ternary_untouched
+    tests/test_gemv_w2a8.py::test_gemv_gpu_device_array_and_quantized_inputs
+    tests/test_head.py::{test_argmax_gpu_matches_numpy,test_embedding_gpu_matches_cpu,test_gemv_bf16_gpu_matches_cpu_and_reference,test_graph_capture_replays_the_ops}
+    tests/test_memory_abi.py::test_round_trip_host_device_device_host
+)
+MEMCHECK_ONLY=(tests/test_concurrency.py::test_threads_calling_every_op_match_serial_runs)
+if [ "${1:-}" = --list ]; then
+    printf '%s\n' "${SUBSET[@]}" "${MEMCHECK_ONLY[@]}"
+    exit 0
+fi
 
 if [ -z "${BITNET_LIB:-}" ]; then
     make -j"$(nproc)" BUILD_DIR=build-sanitize CUDA_ARCHS="${CUDA_ARCHS:-90}" >/dev/null || exit 1
@@ -24,36 +48,6 @@ fi
 # One cudaMalloc per tensor: with PyTorch's caching allocator an overrun into the rest of a cached
 # block would be invisible to memcheck.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-
-SUBSET=(
-    tests/test_bad_input_matrix.py::test_the_valid_call_succeeds_on_the_gpu
-    tests/test_attention.py::test_gpu_smoke_decode
-    tests/test_attention.py::test_gpu_ragged_matches_cpu_and_reference
-    tests/test_attention.py::test_gpu_device_seq_lens_out_of_range_give_nan_for_that_sequence_only
-    tests/test_attention.py::test_gpu_device_array_and_cuda_graph_replay
-    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case3-bfloat16]"
-    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case12-bfloat16]"
-    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case13-float16]"
-    "tests/test_attention.py::test_gpu_decode_matches_reference_and_sdpa[case14-bfloat16]"
-    tests/test_layer_glue.py::test_gpu_smoke_relu2_gate
-    tests/test_layer_glue.py::test_gpu_rope_device_positions_out_of_range_are_skipped
-    tests/test_rmsnorm.py::test_gpu_smoke
-    tests/test_rmsnorm.py::test_gpu_unaligned_rows_take_the_scalar_path
-    tests/test_rmsnorm.py::test_zero_row_with_eps_0_is_nan_and_leaves_the_other_rows
-    "tests/test_rmsnorm.py::test_gpu_matches_reference_and_cpu[4096-2560-quant-bfloat16]"
-    "tests/test_rmsnorm.py::test_gpu_matches_reference_and_cpu[4096-2560-add_quant_y-bfloat16]"
-    "tests/test_rmsnorm.py::test_gpu_matches_reference_and_cpu[20000-256-quant-float16]"
-    "tests/test_rmsnorm.py::test_gpu_relu2_rmsnorm_matches_reference_two_ops_and_cpu[4096-2560-quant-bfloat16]"
-    tests/test_quantize.py::test_pack_unpack_gpu_device_array
-    tests/test_quantize.py::test_pack_gpu_rejects_non_ternary_untouched
-    tests/test_gemv_w2a8.py::test_gemv_gpu_device_array_and_quantized_inputs
-    tests/test_head.py::test_argmax_gpu_matches_numpy
-    tests/test_head.py::test_embedding_gpu_matches_cpu
-    tests/test_head.py::test_gemv_bf16_gpu_matches_cpu_and_reference
-    tests/test_head.py::test_graph_capture_replays_the_ops
-    tests/test_memory_abi.py::test_round_trip_host_device_device_host
-)
-MEMCHECK_ONLY=(tests/test_concurrency.py::test_threads_calling_every_op_match_serial_runs)
 
 status=0
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do

@@ -1,11 +1,12 @@
 """Turns the JSON of the benchmarks (tools/bench_*.py --json) and of the demo
-(python -m bitnet_ffi demo --json) into the markdown tables of BENCHMARKS.md and PNG charts.
+(python -m bitnet_ffi demo --json) into markdown tables and PNG charts, and writes BENCHMARKS.md.
 
     python tools/report.py RESULT.json ... [--charts DIR] [--title "H100, 2026-11-22, abc1234"]
-    python tools/report.py --ab NAME=RESULT.json ...   # A/B rounds of variants (tools/ab_variants.sh)
+    python tools/report.py --page docs/results/RUN.json > BENCHMARKS.md   # the results page
+    python tools/report.py --ab NAME=RESULT.json ...   # A/B rounds of variants (tools/dev/ab_variants.sh)
 
 Each chart puts ours beside torch's figures of the same run and, for the W2A8 GEMV, beside
-Microsoft's (ANCHORS.md); bandwidth is shown as a share of the read bandwidth measured in the run.
+Microsoft's (docs/results/anchors.md); bandwidth is shown as a share of the read bandwidth measured in the run.
 The benchmarks print their tables with the functions here, so a table reads the same everywhere.
 """
 import argparse
@@ -13,7 +14,8 @@ import json
 import os
 
 
-# Microsoft's W2A8 kernel, batch 1, cold, and torch bf16 cold, from ANCHORS.md (H100, CUDA 13.0).
+# Microsoft's W2A8 kernel, batch 1, cold, and torch bf16 cold, from docs/results/anchors.md (H100,
+# CUDA 13.0, 2026-11-22; its header says where the figures come from).
 ANCHORS = {  # (M, K): (microsoft cold us, torch bf16 cold us)
     (2560, 2560): (5.48, 7.81), (3840, 2560): (5.41, 9.60), (13824, 2560): (8.95, 27.07),
     (2560, 6912): (10.48, 17.08), (3200, 3200): (6.05, 12.63), (4800, 3200): (6.12, 13.68),
@@ -224,18 +226,198 @@ def demo_chart(runs, directory):
                 labels, series, "ms per step (lower is better)")
 
 
+def _tool(results, name):
+    return next(r for r in results if r["tool"] == name)
+
+
+def _gemv(results, M, K, N=1):
+    return next(r for r in _tool(results, "gemv")["rows"] if (r.get("M"), r.get("K"), r.get("N")) == (M, K, N))
+
+
+def _gemv_op(results, prefix):
+    return next(r for r in _tool(results, "gemv")["rows"] if r["op"].startswith(prefix))
+
+
+def _norm(results, variant, H, T):
+    return next(r for r in _tool(results, "rmsnorm")["rows"]
+                if (r["variant"], r["dtype"], r["H"], r["T"]) == (variant, "bfloat16", H, T))
+
+
+def _attn(results, kind, B, L):
+    return next(r for r in _tool(results, "attention")["results"] if (r["kind"], r["B"], r["L"]) == (kind, B, L))
+
+
+def _demo(results, batch):
+    return next(r for r in results if r["tool"] == "demo" and r["batch"] == batch)
+
+
+def _at_least(value, bound, text):
+    return text.format(value), value >= bound
+
+
+def _at_most(value, bound, text):
+    return text.format(value), value <= bound
+
+
+# The issues' targets: (area, target, f(results) -> (the measured cell, met)[, why it is not met]).
+TARGETS = [
+    ("GEMV", "55296×5120 ≥ 85% of read bandwidth",
+     lambda r: _at_least(_gemv(r, 55296, 5120)["pct_read_bw"], 85, "{:.0f}%")),
+    ("GEMV", "5120×27648 ≥ 85% of read bandwidth",
+     lambda r: _at_least(_gemv(r, 5120, 27648)["pct_read_bw"], 85, "{:.1f}%")),
+    ("GEMV", "every anchor shape ≥ 1.5× Microsoft (cold)",
+     lambda r: _at_least(min(x["speedup_vs_microsoft"] for x in _tool(r, "gemv")["rows"]
+                             if x.get("N") == 1 and "speedup_vs_microsoft" in x), 1.5, "{:.2f}× (least)")),
+    ("GEMV", "four 2B4T projections ≤ 12 µs (each timed alone, summed, as the anchor sums Microsoft's 30.3)",
+     lambda r: _at_most(_gemv_op(r, "2B4T layer: the 4 projections each")["us"], 12, "{:.2f} µs")),
+    ("GEMV", "batch 8 at 13824×2560 ≤ 1.5× batch 1",
+     lambda r: _at_most(_gemv(r, 13824, 2560, 8)["us"] / _gemv(r, 13824, 2560)["us"], 1.5, "{:.2f}×")),
+    ("GEMV", "≥ 6× torch bf16 at 55296×5120",
+     lambda r: _at_least(_gemv(r, 55296, 5120)["speedup_vs_torch"], 6, "{:.1f}×")),
+    ("GEMV", "quantize_i2s ≥ 70% of read bandwidth (256 MiB)",
+     lambda r: _at_least(_gemv_op(r, "quantize_i2s")["pct_read_bw"], 70, "{:.0f}%")),
+    ("GEMV", "quantize_a8 ≥ 70% of read bandwidth (256 MiB)",
+     lambda r: _at_least(_gemv_op(r, "quantize_a8")["pct_read_bw"], 70, "{:.0f}%")),
+    ("RMSNorm", "H = 2560, T = 32768 ≥ 92% of read bandwidth",
+     lambda r: _at_least(_norm(r, "norm", 2560, 32768)["ours_pct_read"], 92, "{:.0f}%")),
+    ("RMSNorm", "H = 2560, T = 4096 ≥ 85% of read bandwidth",
+     lambda r: _at_least(_norm(r, "norm", 2560, 4096)["ours_pct_read"], 85, "{:.0f}%")),
+    ("RMSNorm", "H = 2560, T = 1 ≤ 2.5 µs",
+     lambda r: _at_most(_norm(r, "norm", 2560, 1)["ours_us"], 2.5, "{:.2f} µs")),
+    ("RMSNorm", "fused norm + int8, T = 4096 ≥ 85% of read bandwidth",
+     lambda r: _at_least(_norm(r, "quant", 2560, 4096)["ours_pct_read"], 85, "{:.0f}%"),
+     "85% is below the floor: a kernel that only reads and writes the same bytes takes 12.39 µs "
+     "(docs/log/2026-11-24.md#2026-11-24-4)"),
+    ("RMSNorm", "fused norm + int8, T = 4096 ≥ 2.5× torch unfused",
+     lambda r: _at_least(_norm(r, "quant", 2560, 4096)["torch_us"] / _norm(r, "quant", 2560, 4096)["ours_us"],
+                         2.5, "{:.1f}×")),
+    ("attention", "decode B = 1, L = 4096 ≤ 6 µs",
+     lambda r: _at_most(_attn(r, "decode", 1, 4096)["us"], 6, "{:.2f} µs")),
+    ("attention", "decode B = 1, L = 32768 ≥ 85% of read bandwidth",
+     lambda r: _at_least(_attn(r, "decode", 1, 32768)["pct_read_bw"], 85, "{:.0f}%")),
+    ("attention", "decode B = 8, L = 32768 faster than torch SDPA",
+     lambda r: _at_least(_attn(r, "decode", 8, 32768)["torch_us"] / _attn(r, "decode", 8, 32768)["us"],
+                         1, "{:.2f}× torch")),
+    ("attention", "decode B = 1, L = 1024 ≤ 5 µs",
+     lambda r: _at_most(_attn(r, "decode", 1, 1024)["us"], 5, "{:.2f} µs")),
+    ("attention", "causal prefill L = 4096 ≥ 250 TFLOP/s",
+     lambda r: _at_least(_attn(r, "prefill", 1, 4096)["tflops"], 250, "{:.0f} TFLOP/s")),
+    ("demo", "decode ≤ 1.0 ms per token (batch 1, context 1024)",
+     lambda r: _at_most(_demo(r, 1)["decode_ms_per_token"], 1.0, "{:.3f} ms")),
+    ("demo", "≥ 3× faster than the same model in torch bf16 (batch 1)",
+     lambda r: _at_least(_demo(r, 1)["torch_ms_per_token"] / _demo(r, 1)["decode_ms_per_token"], 3, "{:.2f}×")),
+    ("demo", "batch 8 step ≤ 1.5× the batch-1 step",
+     lambda r: _at_most(_demo(r, 8)["decode_ms_per_token"] / _demo(r, 1)["decode_ms_per_token"], 1.5, "{:.2f}×")),
+]
+
+
+def unmet_targets(results):
+    """The targets a run misses, other than those with a stated reason: [(area, target, measured)]."""
+    unmet = []
+    for area, target, measure, *why_not in TARGETS:
+        cell, met = measure(results)
+        if not met and not why_not:
+            unmet.append((area, target, cell))
+    return unmet
+
+
+def targets_markdown(results):
+    lines = ["| area | target | measured | met |", "| --- | --- | --- | --- |"]
+    notes = []
+    for area, target, measure, *why_not in TARGETS:
+        cell, met = measure(results)
+        lines.append(f"| {area} | {target} | {cell} | {'yes' if met else 'no'} |")
+        if not met and why_not:
+            notes.append(f"- {target}: {why_not[0]}.")
+    notes.append("- The CPU target (W2A8 GEMV ≥ 50% of memory bandwidth and ≥ 20× numpy) is measured on a "
+                 "CPU, not in this run: 75% of read bandwidth, 300× (docs/log/2026-11-22.md#2026-11-22-2).")
+    return "\n".join(lines + [""] + notes)
+
+
+def headline_markdown(results):
+    """The few figures README.md quotes."""
+    d1, d8 = _demo(results, 1), _demo(results, 8)
+    return "\n".join([
+        f"- 2B4T-shaped decode step: {d1['decode_ms_per_token']:.3f} ms at batch 1 "
+        f"({d1['torch_ms_per_token'] / d1['decode_ms_per_token']:.1f}× the same model in torch bf16), "
+        f"{d8['decode_ms_per_token']:.3f} ms at batch 8.",
+        f"- W2A8 GEMV: {_gemv(results, 55296, 5120)['pct_read_bw']:.0f}% of read bandwidth at 55296×5120; "
+        f"the four 2B4T projections in {_gemv_op(results, '2B4T layer: the 4 projections each')['us']:.1f} µs "
+        "(Microsoft's kernel: 30.3).",
+        f"- Decode attention B = 1: {_attn(results, 'decode', 1, 4096)['us']:.2f} µs at L = 4096 "
+        f"(torch SDPA {_attn(results, 'decode', 1, 4096)['torch_us']:.2f}), "
+        f"{_attn(results, 'decode', 1, 32768)['pct_read_bw']:.0f}% of read bandwidth at L = 32768."])
+
+
+PAGE_METHOD = """\
+Method (tools/gpu_bench.py): CUDA-graph replays (100 calls per graph for attention, as the anchors
+were timed), warm-up outside the graph, median of 7 replays; inputs rotated through more than 4×
+the L2 so every call is L2-cold; bandwidth as a share of the read bandwidth (torch.sum over 2 GiB)
+measured in the same run; torch timed side by side in the same process. Microsoft's W2A8 figures
+and the other comparison figures are in [docs/results/anchors.md](docs/results/anchors.md), with
+their source. Absolute times drift by a few percent between H100s; compare within one run."""
+
+
+CHART_FILES = ["gemv_w2a8.png", "rmsnorm.png", "attention_decode.png", "demo_decode.png"]
+
+
+def page_markdown(path, charts_dir="docs/charts", draw=True):
+    """BENCHMARKS.md from the JSON of one full run: {"run": {date, gpu, commit, ...}, "results": [...]};
+    with draw, the charts are redrawn into charts_dir (matplotlib)."""
+    run_json = json.load(open(path))
+    run, results = run_json["run"], run_json["results"]
+    gpu_results = [r for r in results if r["tool"] != "demo"]
+    demos = sorted((r for r in results if r["tool"] == "demo"), key=lambda r: r["batch"])
+    if draw:
+        charts = [CHARTS[r["tool"]](r, charts_dir) for r in gpu_results] + [demo_chart(demos, charts_dir)]
+    else:
+        charts = [os.path.join(charts_dir, name) for name in CHART_FILES]
+    sections = [
+        "# Benchmarks",
+        f"<!-- Generated by `python tools/report.py --page {path} > BENCHMARKS.md`; edit report.py, "
+        "not this file. -->",
+        f"Current results: one full run on an {run['gpu']}, {run['date']}, commit {run['commit']} "
+        f"(CUDA {run['cuda']}, torch {run['torch']}; driver {run['driver']}). The run's JSON is "
+        f"[{path}]({path}); the commands are listed there. How the figures were reached, experiment "
+        "by experiment, is in the log: [docs/log/](docs/log/README.md).",
+        PAGE_METHOD,
+        f"## Targets ({run['gpu']}, {run['date']}, commit {run['commit']})",
+        targets_markdown(results),
+        "## W2A8 GEMV", gemv_markdown(_tool(results, "gemv")),
+        "## RMSNorm", rmsnorm_markdown(_tool(results, "rmsnorm")),
+        "## Attention", attention_markdown(_tool(results, "attention")),
+        "## Model demo", demo_markdown(demos),
+        "## Charts", "\n".join(f"![]({c})" for c in charts if c),
+        "## Headline figures (quoted in README.md)", headline_markdown(results),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
 MARKDOWN = {"gemv": gemv_markdown, "rmsnorm": rmsnorm_markdown, "attention": attention_markdown}
 CHARTS = {"gemv": gemv_chart, "rmsnorm": rmsnorm_chart, "attention": attention_chart}
 
 
+def emit(result, json_path=None):
+    """The end of every benchmark tool: print the result's table, and write its JSON if asked."""
+    print(MARKDOWN[result["tool"]](result))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", help="JSON files from the benchmarks and the demo")
+    parser.add_argument("results", nargs="*", help="JSON files from the benchmarks and the demo")
+    parser.add_argument("--page", metavar="RUN.json",
+                        help="print BENCHMARKS.md from one full run's JSON (and redraw docs/charts)")
     parser.add_argument("--ab", action="store_true",
                         help="the results are NAME=PATH, rounds of variants: one min-max table")
     parser.add_argument("--charts", help="write PNG charts into this folder")
     parser.add_argument("--title", help="a heading for the section (GPU, date, commit)")
     args = parser.parse_args()
+    if args.page:
+        print(page_markdown(args.page), end="")
+        return
     if args.ab:
         named = [item.split("=", 1) for item in args.results]
         print(ab_markdown([(name, json.load(open(path))) for name, path in named]))

@@ -282,6 +282,59 @@ bitnet_status bitnet_graph_capture_end(void *stream, void **graph);
 bitnet_status bitnet_graph_launch(void *graph, void *stream);
 bitnet_status bitnet_graph_destroy(void *graph);
 
+/* ---- Several GPUs: one-shot collectives over peer memory (docs/tensor_parallel.md) ---- */
+
+/* A CUDA IPC memory handle (cudaIpcMemHandle_t's 64 bytes), to send to another process. */
+typedef struct {
+    uint8_t bytes[64];
+} bitnet_ipc_handle;
+
+/* Makes `device` the calling thread's current CUDA device (the ops never change it; NCCL binds a
+ * communicator to the current device, so a rank calls this before ncclCommInitRank). */
+bitnet_status bitnet_set_current_device(int32_t device);
+
+/* Bytes of the peer buffer each rank allocates (bitnet_malloc) for collectives whose per-rank input
+ * is at most max_bytes: a header of flags and epoch counters, then two data slots of max_bytes
+ * rounded up to 256. Zero the whole buffer, synchronize, and only then share it. */
+bitnet_status bitnet_peer_buffer_size(int64_t max_bytes, int64_t *bytes);
+
+/* cudaIpcGetMemHandle of a bitnet_malloc'ed pointer; the handle opens in another process only. */
+bitnet_status bitnet_ipc_get_handle(int32_t device, void *ptr, bitnet_ipc_handle *handle);
+/* Maps another process's buffer into `device`'s address space (peer access enabled). */
+bitnet_status bitnet_ipc_open_handle(int32_t device, const bitnet_ipc_handle *handle, void **ptr);
+bitnet_status bitnet_ipc_close_handle(int32_t device, void *ptr);
+
+/* One-shot all-reduce of `world` ranks, one process per GPU, each holding `buffers`: every rank's
+ * peer buffer (this rank's own at buffers[rank], the others opened from their IPC handles; a host
+ * array of world pointers). y[i] = sum over ranks r = 0 .. world - 1, in that order, of x_r[i],
+ * accumulated in float32 and rounded to y_dtype: every rank gets the same bits. x_dtype, y_dtype:
+ * float32, float16 or bfloat16. x and y 16-byte aligned; n * size(x_dtype) <= the max_bytes the
+ * buffers were sized for (buffer_bytes = their size). Every rank must make the same sequence of
+ * peer calls (same kinds and sizes). Each call copies x into its own buffer, raises its flag in
+ * every peer's buffer to the call's epoch (a counter kept in the buffer on the device, so a CUDA
+ * graph of these calls may be replayed any number of times) and waits for theirs: no host round
+ * trip, capturable. A peer that never arrives: after bitnet_peer_abort (from any thread) the
+ * waiting call returns leaving y untouched; after 30 s the kernel traps (a CUDA error at the next
+ * synchronization), never a hang. The CPU backend has no peers: world = 1 only (y = x). */
+bitnet_status bitnet_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_dtype, int64_t n,
+                                    const void *x /* [n] */, void *y /* [n] */,
+                                    void *const *buffers /* [world] */, int32_t world,
+                                    int32_t rank, int64_t buffer_bytes, void *stream);
+
+/* One-shot all-gather, the same protocol: y = x_0 | x_1 | ... | x_{world-1}, rank r's piece of
+ * counts[r] elements (a host array of world counts, the same on every rank; pieces may differ in
+ * length, as a split of 5 KV heads over 2 ranks does). dtype: float32, float16 or bfloat16; the
+ * largest count * size <= max_bytes. */
+bitnet_status bitnet_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
+                                    const void *x /* [counts[rank]] */,
+                                    void *y /* [sum of counts] */,
+                                    void *const *buffers /* [world] */, int32_t world,
+                                    int32_t rank, int64_t buffer_bytes, void *stream);
+
+/* Marks this rank's peer buffer as aborted, on a stream of its own, so that a peer call waiting
+ * for a rank that failed returns, and so do all later ones (the buffer is then unusable). */
+bitnet_status bitnet_peer_abort(int32_t device, void *buffer);
+
 /* BITNET_CDEF_END */
 
 #ifdef __cplusplus

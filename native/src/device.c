@@ -13,13 +13,7 @@ bitnet_status bitnet_has_cuda(int32_t *has_cuda) {
 
 bitnet_status bitnet_device_count(int32_t *count, const char **reason) {
     BN_CHECK(count, "bitnet_device_count: count is NULL");
-#ifdef BITNET_HAVE_CUDA
-    return bn_cuda_device_count(count, reason);
-#else
-    *count = 0;
-    if (reason) *reason = BN_NO_CUDA_MESSAGE;
-    return BITNET_OK;
-#endif
+    return bn_device_count(count, reason);
 }
 
 bitnet_status bitnet_device_get_info(int32_t device, bitnet_device_info *info) {
@@ -32,12 +26,7 @@ bitnet_status bitnet_device_get_info(int32_t device, bitnet_device_info *info) {
 bitnet_status bitnet_pointer_device(const void *ptr, int32_t *device) {
     BN_CHECK(device, "bitnet_pointer_device: device is NULL");
     BN_CHECK(ptr, "bitnet_pointer_device: ptr is NULL");
-#ifdef BITNET_HAVE_CUDA
-    return bn_cuda_pointer_device(ptr, device);
-#else
-    *device = BITNET_DEVICE_CPU;
-    return BITNET_OK;
-#endif
+    return bn_pointer_device(ptr, device);
 }
 
 bitnet_status bitnet_malloc(int32_t device, int64_t nbytes, void **ptr) {

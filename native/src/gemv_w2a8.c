@@ -1,4 +1,4 @@
-/* Public entry points of the W2A8 GEMV and of the CPU path selection. The work is in
+/* Public entry point of the W2A8 GEMV. The work is in
  * cpu/gemv_w2a8.c and cuda/gemv_w2a8.cu. */
 #include "internal.h"
 
@@ -25,21 +25,4 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const fl
                ? bn_cpu_gemv_w2a8(w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype)
                : BN_CUDA(bn_cuda_gemv_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y,
                                            y_dtype, stream));
-}
-
-bitnet_status bitnet_cpu_set_isa(int32_t isa) {
-    BN_CHECK(isa >= BN_ISA_AUTO && isa <= BN_ISA_AVX512_VNNI,
-             "bitnet_cpu_set_isa: isa = %d is not 0 (auto), 1 (portable), 2 (avx2) or "
-             "3 (avx512-vnni)", isa);
-    if (!bn_cpu_isa_supported(isa))
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_cpu_set_isa: this CPU cannot run path %d "
-                       "(%s)", isa, isa == BN_ISA_AVX2 ? "avx2" : "avx512-vnni");
-    bn_cpu_set_isa(isa);
-    return BITNET_OK;
-}
-
-bitnet_status bitnet_cpu_get_isa(int32_t *isa) {
-    BN_CHECK(isa, "bitnet_cpu_get_isa: isa is NULL");
-    *isa = bn_cpu_isa();
-    return BITNET_OK;
 }

@@ -65,6 +65,10 @@ bitnet_status bn_check_activation_dtype(const char *op, int32_t device, int32_t 
 
 /* Checks that `device` is the CPU or an existing CUDA device. */
 bitnet_status bn_check_device(int32_t device);
+/* What the checks rest on (checks.c): the CUDA devices present (0 and a reason in a CPU-only build)
+ * and the device whose memory ptr is (BITNET_DEVICE_CPU for host memory). */
+bitnet_status bn_device_count(int32_t *count, const char **reason);
+bitnet_status bn_pointer_device(const void *ptr, int32_t *device);
 
 /* The CUDA backend, present only when BITNET_HAVE_CUDA is defined. BN_CUDA(call) evaluates to the
  * call in a CUDA build and to a no-device error in a CPU-only build. */
@@ -157,6 +161,14 @@ bitnet_status bn_cuda_quantize_a8(int32_t device, const void *x, int32_t x_dtype
 bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
                                 int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
                                 int64_t N, void *y, int32_t y_dtype, void *stream);
+/* The tensor-core GEMM behind bn_cuda_gemv_w2a8 for many tokens (sm_80+; arguments checked), for
+ * M <= BN_GEMM_MAX_M (65535 blocks of 128 rows) and N <= BN_GEMM_MAX_N; larger problems keep the
+ * GEMV's launches. */
+#define BN_GEMM_MAX_M (65535LL * 128)
+#define BN_GEMM_MAX_N (INT32_MAX / 2)
+bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
+                                int64_t M, int64_t K, const int8_t *x_q, const float *x_scales,
+                                int64_t N, void *y, int32_t y_dtype, void *stream);
 
 /* ---- RMSNorm ---- */
 
@@ -188,6 +200,34 @@ int64_t bn_attention_num_splits(int32_t sm_count, int64_t B, int64_t Sq, int64_t
                                 int64_t D, int64_t C);
 /* Bytes of workspace for `num_splits` partials of B * Sq * Hq rows. */
 int64_t bn_attention_workspace_bytes(int64_t num_splits, int64_t B, int64_t Sq, int64_t Hq, int64_t D);
+
+/* ---- One-shot collectives over peer memory (allreduce.c) ---- */
+
+/* A rank's peer buffer: flags uint32 [BN_PEER_BLOCKS][BN_PEER_MAX_RANKS] (flags[b][r]: the last
+ * epoch at which rank r's block b had its data in place), this rank's epoch counters uint32
+ * [BN_PEER_BLOCKS], the abort word, then two data slots (one per epoch parity) from
+ * BN_PEER_HEADER_BYTES on. */
+#define BN_PEER_MAX_RANKS 8
+#define BN_PEER_BLOCKS 16
+#define BN_PEER_FLAGS_OFFSET 0
+#define BN_PEER_EPOCHS_OFFSET 1024
+#define BN_PEER_ABORT_OFFSET 1152
+#define BN_PEER_HEADER_BYTES 4096
+#define BN_PEER_SLOT_ALIGN 256
+
+bitnet_status bn_cpu_peer_allreduce(int32_t x_dtype, int32_t y_dtype, int64_t n, const void *x,
+                                    void *y);
+bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_dtype, int64_t n,
+                                     const void *x, void *y, void *const *buffers, int32_t world,
+                                     int32_t rank, int64_t slot_bytes, void *stream);
+bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
+                                     const void *x, void *y, void *const *buffers, int32_t world,
+                                     int32_t rank, int64_t slot_bytes, void *stream);
+bitnet_status bn_cuda_ipc_get_handle(int32_t device, void *ptr, bitnet_ipc_handle *handle);
+bitnet_status bn_cuda_ipc_open_handle(int32_t device, const bitnet_ipc_handle *handle, void **ptr);
+bitnet_status bn_cuda_ipc_close_handle(int32_t device, void *ptr);
+bitnet_status bn_cuda_peer_abort(int32_t device, void *buffer);
+bitnet_status bn_cuda_set_current_device(int32_t device);
 
 /* Elements [offset, offset + n) of a float32 / float16 / bfloat16 array as float32, and back
  * (round to nearest even): rows for the CPU ops (cpu/convert.c). */

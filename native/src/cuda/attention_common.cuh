@@ -7,7 +7,13 @@
 
 #include "common.cuh"
 
-/* The prefill (tensor-core) path, launched by bn_cuda_attention for longer query blocks. */
+/* The two paths of bn_cuda_attention (attention.cu): decode (split-KV, attention_decode.cu) where
+ * bn_attention_uses_decode, else prefill (tensor-core tiles, attention_prefill.cu). The caller has
+ * entered the device and checked its compute capability. */
+bitnet_status bn_cuda_attention_decode(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                                       int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
+                                       int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
+                                       void *out, void *workspace, int64_t num_splits, cudaStream_t stream);
 bitnet_status bn_cuda_attention_prefill(int32_t device, int32_t dtype, int64_t B, int64_t Sq,
                                         int64_t Hq, int64_t Hkv, int64_t D, const void *q,
                                         const void *k, const void *v, int64_t C,
@@ -116,9 +122,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 /* 2^x for x <= 0 (a softmax weight): ex2.approx with subnormal results flushed to 0, one MUFU
  * instruction where exp2f adds a subnormal range check and two multiplies. A weight below 2^-126
- * beside the largest one (1) changes no float32 sum. On an H100 it took decode at batch 1 from 4.3
- * to 4.1 us (L = 1024) and 33.2 to 32.6 us (L = 32768), prefill at L = 4096 from 251 to 259
- * TFLOP/s. */
+ * beside the largest one (1) changes no float32 sum. Faster for decode and prefill
+ * (docs/log/2026-11-23.md#2026-11-23-18). */
 __device__ __forceinline__ float exp2_weight(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -12,9 +12,9 @@
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
- * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold: B = 1 at 3.7
- * us (L = 1024), 5.9-6.3 us (4096), 82-90% of read bandwidth (32768), by machine; B = 8, L = 32768
- * at 94-96% (docs/attention.md). */
+ * for inf and NaN values (see attend_row). H100, bf16, 20/5 heads, d = 128, L2 cold (BENCHMARKS.md,
+ * 2026-11-26): B = 1 at 3.7 us (L = 1024), 5.9 us (4096), 89% of read bandwidth (32768); B = 8,
+ * L = 32768 at 94%. Why each constant has its value: docs/attention.md, tuning rules, and docs/log/. */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "attention_common.cuh"
+#include "timeline.cuh"
 
 namespace {
 
@@ -44,7 +45,7 @@ constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
  * most 65535), a block's rows and output float4s by the group size and the split count, and the
  * cluster path's tile count. A generic 32-bit division takes about 20 dependent instructions, and
  * the tail of a call (the warps' combine, the pushes, the finishing step) is a chain of such
- * indices: H100, B = 1, L = 4096, 6.6 -> 6.2 us with out_row by value (BENCHMARKS.md). */
+ * indices, so none of them is a generic division (docs/log/2026-11-24.md#2026-11-24-8). */
 struct SmallDivisor {
     uint32_t d, magic;
     static SmallDivisor of(uint32_t d) { return {d, (uint32_t)(((1ull << 32) + d - 1) / d)}; }
@@ -58,17 +59,14 @@ struct SmallDivisor {
 constexpr int kSplitStages = 2;
 
 /* The cluster path's stages per block, 128 to 192 KB at D = 128: 5, 4 where a split has at most 4
- * tiles, 6 where it has 16 or more. Measured when every kernel kept all its stages but one in
- * flight (H100, B = 1, 4 / 5 / 6 stages): L = 4096 (4 tiles per split) 7.1 / 7.3-7.4 / 7.5-7.6 us;
- * 8192 10.6 / 10.5 / 10.8; 16384 18.0-18.3 / 17.4-17.6 / 17.2-17.4; 32768 32.2-32.3 / 31.7-31.9 /
- * 31.4-31.7 (3 stages there: 65% of read bandwidth). */
+ * tiles, 6 where it has 16 or more: the fastest count for each split length on an H100
+ * (docs/log/2026-11-23.md#2026-11-23-19). */
 int cluster_stages(int64_t split_tiles) { return split_tiles <= 4 ? 4 : split_tiles < 16 ? 5 : 6; }
 
 /* Tiles that a block prefetches into L2 before its PDL wait: its first load's, except on the cluster
  * path where a split has more tiles than that load takes: there only 2. The blocks that start
- * early, beside the previous call, would otherwise delay its last loads with their burst (H100, B =
- * 1, 5 stages, 4 or 5 tiles -> 2: L = 8192 11.0 -> 10.5 us, 16384 18.2 -> 17.5, 32768 32.6 -> 31.8;
- * 8 to 16 tiles made 32768 slower, 33.2 to 37 us). */
+ * early, beside the previous call, would otherwise delay its last loads with their burst; more
+ * than 2 was slower (docs/log/2026-11-23.md#2026-11-23-19). */
 template <bool CLUSTER, int STAGES> __device__ __forceinline__ int prefetch_tiles(int split_tiles) {
     return CLUSTER && split_tiles > STAGES - 1 ? 2 : STAGES;
 }
@@ -77,9 +75,8 @@ template <bool CLUSTER, int STAGES> __device__ __forceinline__ int prefetch_tile
  * tile's max passes it by more than kLazyMaxStep (log2 units), and rescales the accumulators only
  * then, on a warp-uniform branch: with random scores, at the first tile only. In between, the
  * weights reach up to 2^kLazyMaxStep, which the float32 sums and the bf16 or f16 probabilities hold
- * with the same relative rounding. H100, B = 1, L = 4096: 6.16-6.21 -> 5.95-6.04 us. With every
- * kernel lazy, L = 8192 and 16384 took 0.2-0.4 us longer (why is not known), so the longer splits
- * keep online_softmax_step's exact max (BENCHMARKS.md, 2026-11-24). */
+ * with the same relative rounding. Only the 4-stage kernel is lazy: the longer splits keep
+ * online_softmax_step's exact max, which was faster for them (docs/log/2026-11-24.md#2026-11-24-9). */
 constexpr int kLazyRescaleStages = 4;
 constexpr float kLazyMaxStep = 8.0f;
 
@@ -131,8 +128,7 @@ struct DecodeShared {
     std::conditional_t<CLUSTER, ClusterInbox<D>, NoInbox> inbox;
 };
 /* Rows padded by 8 floats: a warp's float2 stores of its accumulator fragments (rows g, columns 2t)
- * then hit 32 different banks (unpadded, 8-way conflicts made this combine 1.1 us instead of 0.65 at
- * batch 1, L = 1024). */
+ * then hit 32 different banks; unpadded they conflict 8 ways (docs/log/2026-11-22.md#2026-11-22-10). */
 constexpr int kCombinePad = 8;
 template <int D>
 struct DecodeCombine { /* overlays DecodeShared::k and ::v */
@@ -143,9 +139,8 @@ struct DecodeCombine { /* overlays DecodeShared::k and ::v */
 
 /* Copies keys [key0, key0 + kTileKeys) of one KV head into a stage; rows at or past `keys_end`
  * become zeros (nothing is read there). Prefill's load_rows issues the same copies in the same
- * order with the offset computed once per thread. Here that was slower on the cluster path (H100,
- * B = 1, strided splits: L = 4096 6.69-6.78 -> 6.90-6.95 us, 32768 31.1-31.4 -> 33.8-33.9) and
- * 1-2% faster at batch 8 (BENCHMARKS.md, 2026-11-24); why is not known. */
+ * order with the offset computed once per thread; here that was slower on the cluster path
+ * (docs/log/2026-11-24.md#2026-11-24-3). */
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[D / 8], const T *k,
                                           const T *v, int64_t stride, int key0, int keys_end) {
@@ -163,7 +158,8 @@ __device__ __forceinline__ void load_tile(uint4 (*k_dst)[D / 8], uint4 (*v_dst)[
 /* Hints that keys [key_begin, key_end) of a head will be read soon: L2 prefetches (sm_90, where
  * programmatic dependent launch lets them run before the previous kernel ends). L2 is where the
  * previous kernel's writes land, so a prefetch issued before waiting for it cannot make a later
- * load stale. (cp.async.bulk.prefetch of whole rows was measured slower.) */
+ * load stale. One prefetch.global.L2 per 128-byte line: cp.async.bulk.prefetch of whole rows was
+ * slower (docs/log/2026-11-25.md#2026-11-25-3). */
 template <typename T, int D>
 __device__ __forceinline__ void prefetch_keys_l2(const T *k, const T *v, int64_t stride, int key_begin,
                                                  int key_end) {
@@ -248,7 +244,7 @@ __device__ __forceinline__ void store4(T *out, float4 acc, float l) {
  * out = sum_s w_s o_s / sum_s w_s l_s with w_s = 2^(m_s - max m). */
 template <typename T, int D, typename OutRow>
 __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDivisor splits, int rows,
-                             OutRow out_row, T *__restrict__ out) {
+                             OutRow out_row, T *__restrict__ out BN_TIMELINE(, TimelineRecord *record)) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int n4 = ClusterInbox<D>::float4s(rows), per_split = ClusterInbox<D>::per_split(rows, splits);
     const int n_splits = (int)splits.d;
@@ -257,6 +253,7 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDiviso
     while (!landed)
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;"
                      " selp.u32 %0, 1, 0, p; }" : "=r"(landed) : "r"(shared_addr(&inbox.landed)) : "memory");
+    BN_TIMELINE(if (record) record->t[8] = timeline_now();)
     for (int local = threadIdx.x; rank + local * n_splits < n4; local += kThreads) {
         const int j = rank + local * n_splits, r = j / (D / 4), d = j % (D / 4) * 4;
         float m[kMaxClusterSplits], l[kMaxClusterSplits];
@@ -282,6 +279,7 @@ __device__ void finish_owned(const ClusterInbox<D> &inbox, int rank, SmallDiviso
         }
         store4(out + out_row(r) * D + d, acc, l_tot);
     }
+    BN_TIMELINE(if (record) record->t[9] = timeline_now();)
 #endif
 }
 
@@ -308,6 +306,97 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
     }
 }
 
+/* A sequence whose device-resident length is out of range gets NaN outputs (valid_seq_len). */
+template <typename T, int D, typename OutRow>
+__device__ __forceinline__ void write_nan_rows(T *__restrict__ out, int rows, OutRow out_row) {
+    for (int i = threadIdx.x; i < rows * D; i += kThreads)
+        out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
+}
+
+/* The key loop's prologue: the first `AHEAD` tiles of this block, one cp.async group each; the first
+ * group also brings the block's q rows (rows past `rows` become zeros). */
+template <typename T, int D, int AHEAD, typename Shared, typename TileAt, typename OutRow>
+__device__ __forceinline__ void issue_first_tiles(Shared &sm, const T *k_head, const T *v_head, int64_t stride,
+                                                  const T *__restrict__ q, int rows, int tile_count,
+                                                  TileAt tile_at, OutRow out_row, int L) {
+    constexpr int kChunks = D / 8;
+    for (int i = 0; i < AHEAD; i++) {
+        if (i < tile_count)
+            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
+        for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
+            int r = j / kChunks, chunk = j % kChunks;
+            cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
+                        r < rows);
+        }
+        cp_async_commit();
+    }
+}
+
+/* Combine the warps, first step: each writes its unnormalized rows, max and sum to shared memory
+ * (rows 8-15 only where they are not all padding). */
+template <int D>
+__device__ __forceinline__ void store_warp_partials(DecodeCombine<D> &combine, const float (&o)[D / 8][4],
+                                                    const float (&m_run)[2], const float (&l_run)[2],
+                                                    int rows, int warp, int lane) {
+    constexpr int kDimTiles = D / 8;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        if (half == 1 && rows <= 8) break;
+        int r = g + 8 * half;
+        float l = quad_sum(l_run[half]);
+        if (t == 0) {
+            combine.m[warp][r] = m_run[half];
+            combine.l[warp][r] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < kDimTiles; dt++)
+            *reinterpret_cast<float2 *>(&combine.o[warp][r][dt * 8 + 2 * t]) =
+                make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
+    }
+}
+
+/* Combine the warps, second step, one output float4 per thread at a time: the block's result,
+ * stored (one split), pushed to its owner (cluster path) or written to the workspace with its row's
+ * max and sum (split path, for merge_kernel). */
+template <typename T, int D, bool CLUSTER, typename Shared, typename OutRow>
+__device__ __forceinline__ void write_block_outputs(const DecodeCombine<D> &combine, Shared &sm, int rows,
+                                                    int split, SmallDivisor splits, OutRow out_row,
+                                                    T *__restrict__ out, float *__restrict__ partial_out,
+                                                    float *__restrict__ partial_ml) {
+    const int num_splits = (int)splits.d;
+    for (int j = threadIdx.x; j < rows * (D / 4); j += kThreads) { /* output float4s */
+        const int r = j / (D / 4), d = j % (D / 4) * 4;
+        float m_tot = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) m_tot = fmaxf(m_tot, combine.m[w][r]);
+        const float base = m_tot == -INFINITY ? 0.0f : m_tot;
+        float l_tot = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            const float weight = exp2_weight(combine.m[w][r] - base);
+            const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
+            l_tot += weight * combine.l[w][r];
+            add_scaled(acc, weight, o);
+        }
+        const int64_t row = out_row(r);
+        if (num_splits == 1) {
+            store4(out + row * D + d, acc, l_tot);
+        } else if constexpr (CLUSTER) {
+            push_partial(sm.inbox, split, splits, rows, j, acc, m_tot, l_tot);
+        } else {
+            const int64_t slot = row * num_splits + split;
+            float *dst = partial_out + slot * D + d;
+            dst[0] = acc.x, dst[1] = acc.y, dst[2] = acc.z, dst[3] = acc.w;
+            if (d == 0) {
+                partial_ml[2 * slot] = m_tot;
+                partial_ml[2 * slot + 1] = l_tot;
+            }
+        }
+    }
+}
+
 /* Block (split, KV head + row block, sequence). Row r of the block is query row row0 + r of its KV
  * head: token (row0 + r) / G, head kvh * G + (row0 + r) % G. Warp w computes, for every 64-key
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
@@ -315,8 +404,8 @@ __device__ __noinline__ void redo_warp_rows(const T *q, const T *k_head, const T
  * 4g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide n tile. The parameters come in
  * the order the prologue first reads them: a block on an SM that has not run this kernel yet (the
  * clusters that start only once the previous call ends) misses the constant cache on each line of
- * parameters in turn, and the prologue's now share the first (44 bytes). H100, B = 1: L = 4096
- * 6.16-6.21 -> 5.99-6.17 us, 32768 30.4-31.0 -> 30.1-30.7. */
+ * parameters in turn, and the prologue's share the first (44 bytes)
+ * (docs/log/2026-11-24.md#2026-11-24-9). */
 template <typename T, int D, bool CLUSTER, int STAGES>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, const T *__restrict__ v, int C,
@@ -326,13 +415,13 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     if (CLUSTER) return; /* launched on sm_90 only (cluster_splits): no code for older GPUs */
 #endif
-    constexpr int kChunks = D / 8, kDimTiles = D / 8, kStageCount = STAGES;
+    constexpr int kDimTiles = D / 8, kStageCount = STAGES;
     constexpr bool kLazy = CLUSTER && STAGES == kLazyRescaleStages;
+    BN_TIMELINE(TimelineBlock timeline; if (CLUSTER) timeline.start();)
     /* Tiles issued ahead of the one computed. The 5- and 6-stage kernels issue one less than their
      * stages allow: iteration i then refills the stage that iteration i - 2 read, which every warp
      * has left once it passes iteration i - 1's barrier, so their key loop needs one barrier per
-     * tile instead of two. H100, B = 1: L = 32768 30.7-31.0 -> 29.8-30.2 us, 65536 59.4-60.3 ->
-     * 58.3-59.0, 8192 and 16384 0.1 us less (BENCHMARKS.md, 2026-11-26). The others keep every stage
+     * tile instead of two (docs/log/2026-11-26.md#2026-11-26-1). The others keep every stage
      * but one in flight: the 4-stage kernel takes all of its split's tiles at once, and the split
      * path has only 2 stages. */
     constexpr int kAhead = CLUSTER && STAGES > kLazyRescaleStages ? kStageCount - 2 : kStageCount - 1;
@@ -345,8 +434,8 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     const T *k_head = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_head = v + ((int64_t)b * C * Hkv + kvh) * D;
     /* This block's keys: every num_splits-th 64-key tile below L, from tile `split` on, so that the
-     * splits of all heads read neighbouring tiles at the same time. Contiguous shares per split were
-     * slower (H100, three A/B runs: B = 1, L = 4096 7.09-7.25 -> 6.61-6.91 us; batch 8 1-2%). */
+     * splits of all heads read neighbouring tiles at the same time (contiguous shares per split
+     * were slower: docs/log/2026-11-24.md#2026-11-24-3). */
     int tile_count;
     auto split_tiles = [&](int keys) {
         const int tiles = (keys + kTileKeys - 1) / kTileKeys;
@@ -357,8 +446,8 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     const int row0 = kv_heads.div(blockIdx.y) * kRows;
     const int rows = min(kRows, Sq * (int)group.d - row0);
     /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
-     * (With seq_lens, L may come from the previous kernel; guessing L = C prefetched tiles past L
-     * and made the batch-8 demo's attention twice as slow.) */
+     * With seq_lens, L may come from the previous kernel: nothing is prefetched, since guessing
+     * L = C would fetch tiles past L. */
     if (seq_lens == nullptr) {
         split_tiles(C);
         const int n = min(tile_count, prefetch_tiles<CLUSTER, STAGES>(tile_count));
@@ -367,6 +456,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
                                    min(C, (tile_at(i) + 1) * kTileKeys));
     }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
+    BN_TIMELINE(timeline.at(1);)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int L = seq_lens ? seq_lens[b] : C;
     auto out_row = [=](int r) { /* the row of out (and of q) that block row r is */
@@ -374,28 +464,16 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         return ((int64_t)b * Sq + group.div(row)) * Hq + kvh * (int)group.d + group.mod(row);
     };
     if (!valid_seq_len(L, C, Sq, causal)) {
-        if (num_splits == 1 || (CLUSTER && split == 0))
-            for (int i = threadIdx.x; i < rows * D; i += kThreads)
-                out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
+        if (num_splits == 1 || (CLUSTER && split == 0)) write_nan_rows<T, D>(out, rows, out_row);
         return; /* the whole cluster returns here; with a merge kernel, it writes the NaNs */
     }
     if (seq_lens) split_tiles(L); /* without, L = C: counted above */
 
-    /* One cp.async group per tile; the first also brings q. */
-    for (int i = 0; i < kAhead; i++) {
-        if (i < tile_count)
-            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
-        for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
-            int r = j / kChunks, chunk = j % kChunks;
-            cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
-                        r < rows);
-        }
-        cp_async_commit();
-    }
+    issue_first_tiles<T, D, kAhead>(sm, k_head, v_head, stride, q, rows, tile_count, tile_at, out_row, L);
 
-    /* Here, behind the first loads: its fence before the PDL wait made the demo's decode step 2%
-     * slower (where seq_lens leave nothing to prefetch), and before the prefetches, L = 4096 8.6 us
-     * instead of 7.4. */
+    /* Here, behind the first loads: the fence of its mbarrier's initialization delays whatever
+     * follows it, so it must not precede the PDL wait or the loads
+     * (docs/log/2026-11-26.md#2026-11-26-4). */
     if constexpr (CLUSTER) inbox_open(sm.inbox, split, num_splits, rows);
     /* This lane's rows g and g + 8 see keys up to last_key[.] (rows past `rows` are padding). */
     int last_key[2];
@@ -419,10 +497,9 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
                             tile_at(ahead) * kTileKeys, L);
         }
         /* The cluster path lets the next kernel launch once this block has issued its last load,
-         * so that its blocks start on the free SMs and prefetch while this one finishes (H100, B =
-         * 1: L = 4096 8.0 -> 7.5 us, 32768 34.5 -> 33.4). Where the prologue issued every tile,
-         * that waits for the end of the key loop: launching at the kernel's start was slower at
-         * L = 1024 (4.3 -> 4.45-4.5 us). */
+         * so that its blocks start on the free SMs and prefetch while this one finishes. Where the
+         * prologue issued every tile, that waits for the end of the key loop: launching at the
+         * kernel's start was slower (docs/log/2026-11-26.md#2026-11-26-4). */
         if (CLUSTER && ahead == tile_count) bn_pdl_launch_dependents();
         cp_async_commit();
         cp_async_wait<kAhead>();
@@ -431,6 +508,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
                 copied_chunks_nonfinite<T, D, kTileKeys, kThreads>(sm.v[stage]));
         else
             __syncthreads();
+        BN_TIMELINE(timeline.tile(i, tile_count);)
         if (i == 0) {
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++) {
@@ -489,24 +567,10 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     }
     cp_async_wait<0>();
     __syncthreads(); /* every warp is done with the tiles before they hold partial results */
+    BN_TIMELINE(timeline.at(6);)
     if (!CLUSTER || tile_count < kAhead) bn_pdl_launch_dependents(); /* see above */
 
-    /* Combine the warps: each writes its unnormalized rows, max and sum to shared memory (rows 8-15
-     * only where they are not all padding). */
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        if (half == 1 && rows <= 8) break;
-        int r = g + 8 * half;
-        float l = quad_sum(l_run[half]);
-        if (t == 0) {
-            combine.m[warp][r] = m_run[half];
-            combine.l[warp][r] = l;
-        }
-#pragma unroll
-        for (int dt = 0; dt < kDimTiles; dt++)
-            *reinterpret_cast<float2 *>(&combine.o[warp][r][dt * 8 + 2 * t]) =
-                make_float2(o[dt][2 * half], o[dt][2 * half + 1]);
-    }
+    store_warp_partials<D>(combine, o, m_run, l_run, rows, warp, lane);
     if (hidden_nonfinite_v) {
         __syncwarp(); /* after the lanes' writes above */
         redo_warp_rows<T, D>(q, k_head, v_head, stride, combine, rows, row0, group, Sq, L, causal,
@@ -516,37 +580,10 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (CLUSTER) cg::this_cluster().barrier_wait(); /* every block may receive pushes */
 #endif
-    for (int j = threadIdx.x; j < rows * (D / 4); j += kThreads) { /* output float4s */
-        const int r = j / (D / 4), d = j % (D / 4) * 4;
-        float m_tot = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kWarps; w++) m_tot = fmaxf(m_tot, combine.m[w][r]);
-        const float base = m_tot == -INFINITY ? 0.0f : m_tot;
-        float l_tot = 0.0f;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int w = 0; w < kWarps; w++) {
-            const float weight = exp2_weight(combine.m[w][r] - base);
-            const float4 o = *reinterpret_cast<const float4 *>(&combine.o[w][r][d]);
-            l_tot += weight * combine.l[w][r];
-            add_scaled(acc, weight, o);
-        }
-        const int64_t row = out_row(r);
-        if (num_splits == 1) {
-            store4(out + row * D + d, acc, l_tot);
-        } else if constexpr (CLUSTER) {
-            push_partial(sm.inbox, split, splits, rows, j, acc, m_tot, l_tot);
-        } else {
-            const int64_t slot = row * num_splits + split;
-            float *dst = partial_out + slot * D + d;
-            dst[0] = acc.x, dst[1] = acc.y, dst[2] = acc.z, dst[3] = acc.w;
-            if (d == 0) {
-                partial_ml[2 * slot] = m_tot;
-                partial_ml[2 * slot + 1] = l_tot;
-            }
-        }
-    }
-    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out);
+    write_block_outputs<T, D, CLUSTER>(combine, sm, rows, split, splits, out_row, out, partial_out,
+                                       partial_ml);
+    BN_TIMELINE(TimelineRecord *record = CLUSTER ? timeline.store(out) : nullptr;)
+    if constexpr (CLUSTER) finish_owned(sm.inbox, split, splits, rows, out_row, out BN_TIMELINE(, record));
 }
 
 /* One block per output row: w_s = 2^(m_s - max m), out = sum_s w_s acc_s / sum_s w_s l_s. Each warp
@@ -735,24 +772,13 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
 
 } // namespace
 
-bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
-                                int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
-                                int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
-                                void *out, void *workspace, int64_t num_splits, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    int major = 0;
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (major < 8)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: CUDA device %d has compute "
-                       "capability %d.x; the attention kernels need 8.0 or newer", device, major);
-    cudaStream_t s = bn_stream(stream);
-    if (!bn_attention_uses_decode(Sq, Hq, Hkv))
-        return bn_cuda_attention_prefill(device, dtype, B, Sq, Hq, Hkv, D, q, k, v, C, seq_lens,
-                                         causal, scale, out, s);
+bitnet_status bn_cuda_attention_decode(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                                       int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
+                                       int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
+                                       void *out, void *workspace, int64_t num_splits, cudaStream_t stream) {
     bool bf16 = dtype == BITNET_DTYPE_BF16;
     auto launch = D == 64 ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
                           : (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>);
     return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, workspace,
-                  num_splits, s);
+                  num_splits, stream);
 }

@@ -8,8 +8,8 @@
  * would fill fewer than 2 blocks per SM (short prompts) take 64-row tiles, 16 rows per warp.
  * Diagonal tiles are scanned for inf and NaN values at hidden keys (see attend_row).
  * FLOPs (causal): 2 L^2 D H.
- * H100, bf16, 20/5 heads, d = 128: 165 TFLOP/s at L = 1024 (64-row tiles), 306 at 4096, 353 at
- * 16384 (docs/attention.md). */
+ * H100, bf16, 20/5 heads, d = 128 (BENCHMARKS.md, 2026-11-26): 161 TFLOP/s at L = 1024 (64-row
+ * tiles), 307 at 4096, 353 at 16384. */
 #include "attention_common.cuh"
 
 namespace {
@@ -33,8 +33,7 @@ struct PrefillShared {
  * zero-filled. Thread i copies chunks i, i + kThreads, ... of the tile. As kThreads is a multiple
  * of the chunks per row, that is one chunk column: every (kThreads / chunks)-th row from row
  * i / chunks, all with the same swizzle, so the offset is computed once and stepped by a constant
- * (H100, bf16, 20/5 heads, causal: L = 4096 283 us instead of 328 with row and chunk computed per
- * copy, L = 1024 34 instead of 39; BENCHMARKS.md). */
+ * (faster than computing row and chunk per copy: docs/log/2026-11-24.md#2026-11-24-2). */
 template <typename T, int D, int ROWS>
 __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int64_t stride,
                                           int row0, int rows_end) {

@@ -5,7 +5,8 @@
  *   conflict-free), its sum found on the way; for rows of more than 2 steps, the second step is
  *   prefetched into L2 meanwhile. A warp owns 4 rows, 8 lanes per row; a lane loads 10
  *   16-byte chunks of its row at a time and prefetches the next 10 while it computes (10 takes
- *   K = 5120 in one step; on an H100 it beat 8 and 12 at the one-token anchor shapes).
+ *   K = 5120 in one step; it beat 8 and 12 at the one-token anchor shapes:
+ *   docs/log/2026-11-22.md#2026-11-22-11).
  * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K (5
  *   or 6 warps where that takes as many steps and lets more blocks run at once, and 32 rows where
  *   that then takes one round: plan_mma8);
@@ -18,8 +19,9 @@
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
- * cold (bench_gemv.py): 55296x5120 24.2 us = 2937 GB/s (94% of read BW), 5120x27648 13.3-13.4 us
- * (85%), 2560x2560 1.83 us; 8 tokens: 13824x2560 5.6 us, 2560x6912 4.6 us, 2560x2560 2.6 us. */
+ * cold (bench_gemv.py, BENCHMARKS.md, 2026-11-26): 55296x5120 24.0 us = 2960 GB/s (95% of read
+ * BW), 5120x27648 13.3 us (85%), 2560x2560 1.84 us; 8 tokens: 13824x2560 5.5 us, 2560x6912 4.6 us,
+ * 2560x2560 2.6 us. Why each constant has its value: docs/developing.md's rules and docs/log/. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -44,6 +46,14 @@ constexpr int kRowsPerBlock = 16;
 constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
 constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
 constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
+
+/* From this many tokens on, sm_80+ GPUs take the tensor-core GEMM (gemm_w2a8.cu) instead of the
+ * launches of 16 tokens that read the weights again each. Measured crossover on an H100:
+ * docs/log/2026-11-26-gemm.md (built with -DBN_GEMM_MIN_TOKENS=n to time other choices). */
+#ifndef BN_GEMM_MIN_TOKENS
+#define BN_GEMM_MIN_TOKENS 17
+#endif
+constexpr int64_t kGemmMinTokens = BN_GEMM_MIN_TOKENS;
 
 struct GemvArgs {
     const uint4 *w;        /* [M, K/64]: 16-byte chunks of 64 weights */
@@ -122,9 +132,8 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     /* The first round of tiles is numbered warp-major, which spreads them evenly over the blocks,
      * hence over the SMs. With BLOCK_MAJOR_TAIL the later rounds are numbered block-major: the
      * last round's tiles then sit in the first blocks, and the other blocks exit after one round,
-     * so that the next kernel's blocks take their places early and issue their weight loads (PDL).
-     * H100: 13824x2560 (3456 tiles, 2112 warps) 4.34-4.35 -> 4.07-4.10 us, 20480x3200 7.24-7.27
-     * -> 6.99-7.03, the four 2B4T projections back to back 12.20-12.29 -> 12.14-12.17. */
+     * so that the next kernel's blocks take their places early and issue their weight loads (PDL)
+     * (docs/log/2026-11-24.md#2026-11-24-6). */
     const int warp_stride = gridDim.x * kWarps;
     int tile = (threadIdx.x / 32) * gridDim.x + blockIdx.x;
     const int second_tile = warp_stride + blockIdx.x * kWarps + threadIdx.x / 32;
@@ -171,10 +180,9 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     bn_pdl_launch_dependents();
     bn_pdl_wait();
     /* Long rows: staging x (K bytes per block) keeps the loop from issuing the second step's loads,
-     * so HBM would idle for this SM meanwhile; an L2 prefetch of that step fills the gap (H100,
-     * 5120x27648: 14.05-14.14 -> 13.27-13.41 us; two steps: 13.64-13.75; before the PDL wait: no
-     * gain). Rows of at most 2 steps take PREFETCH = 0, the code of before (prefetching there:
-     * 2560x6912 3.27-3.31 -> 3.32-3.36 us). */
+     * so HBM would idle for this SM meanwhile; an L2 prefetch of that one step fills the gap (two
+     * steps, or before the PDL wait, did worse). Rows of at most 2 steps take PREFETCH = 0, where a
+     * prefetch was slower (docs/log/2026-11-23.md#2026-11-23-26). */
     for (int step = 1; step <= PREFETCH && step < iterations && tile < tiles; step++)
         prefetch(tile, step);
     const float x_scale = a.x_scales[0];
@@ -450,15 +458,13 @@ struct TokensLaunch {
 /* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
  * step more than others when 8 does not divide them.
  * - Told 1 block per SM, ptxas gives them 94 registers instead of 80, so 2 blocks fit per SM
- *   instead of 3. Where the tiles take one round of those, that is faster (H100, 8 tokens:
- *   2560x6912 5.51 -> 4.67 us, 3200x10240 8.1 -> 6.6, 2560x2560 2.78 -> 2.58); where they do not,
- *   it is slower (4800x3200 3.5 -> 4.5, 5120x27648 20.8 -> 27.4).
+ *   instead of 3. Where the tiles take one round of those, that is faster; where they do not, it
+ *   is slower (docs/log/2026-11-24.md#2026-11-24-7).
  * - Where 5 or 6 warps take them in as many steps (K = 1152 to 1536, 2176 to 3072, 4224 to 4608)
  *   and the tiles outnumber the 8-warp blocks the GPU holds at once, the smaller blocks fit more per
- *   SM and so take fewer rounds of tiles: 13824x2560, 8 tokens, on an H100 (3 and 4 blocks per SM),
- *   7.4 -> 6.4 us.
+ *   SM and so take fewer rounds of tiles (docs/log/2026-11-22.md#2026-11-22-9).
  * - Where 5 warps take K in one step each (K = 2176 to 2560) and blocks of 2 tiles then fit in one
- *   round, a block takes 2 tiles at once: 13824x2560 6.36-6.47 -> 5.48-5.54 us. */
+ *   round, a block takes 2 tiles at once (docs/log/2026-11-24.md#2026-11-24-7). */
 bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, TokensLaunch *out) {
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
     BN_TRY((plan_mma<1, 8, 1, 1>(gpu, kMmaBlocksPerSm, &out->launch)));
@@ -484,12 +490,14 @@ bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, Tokens
     if (nt == 1) {
         size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
         /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
-         * next kernel's blocks then fit beside it and issue their weight loads early (PDL). The
-         * four 2B4T projections back to back: 12.7 -> 12.5 us on an H100. */
+         * next kernel's blocks then fit beside it and issue their weight loads early (PDL)
+         * (docs/log/2026-11-22.md#2026-11-22-9; every shape at one block per SM was slower:
+         * docs/log/2026-11-23.md#2026-11-23-21). */
         out->work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
         const int per_sm = out->work_blocks <= (int64_t)gpu.sms * kWarps ? 1 : kOneTokenBlocksPerSm;
         const bool long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
-        /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower. */
+        /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower
+         * (docs/log/2026-11-24.md#2026-11-24-6). */
         const bool rounds = out->work_blocks > (int64_t)gpu.sms * kWarps * per_sm;
         GemvKernel kernel = long_rows ? (rounds ? gemv_one_token<kPrefetchSteps, true>
                                                 : gemv_one_token<kPrefetchSteps, false>)
@@ -513,11 +521,12 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
                        "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
     cudaStream_t s = bn_stream(stream);
     int64_t y_size = bn_dtype_size(y_dtype);
-    /* Tokens per launch: 1 (dp4a), else 8 or 16 (mma); past 16 tokens launches repeat (and read
-     * the weights again). The int8 tensor-core kernel needs sm_80; older GPUs take one token per
-     * launch. */
+    /* From kGemmMinTokens tokens on, the GEMM (sm_80+). Else tokens per launch: 1 (dp4a), else 8 or
+     * 16 (mma). The int8 tensor-core kernels need sm_80; older GPUs take one token per launch. */
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    if (major >= 8 && N >= kGemmMinTokens && N <= BN_GEMM_MAX_N && M <= BN_GEMM_MAX_M)
+        return bn_cuda_gemm_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     TokensLaunch launches[3] = {}; /* for 1, 8 and 16 tokens, planned when first needed */

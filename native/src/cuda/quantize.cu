@@ -7,9 +7,10 @@
  * quantize_a8: one block per row, max |x| then x * 127 / max (the second read hits L2).
  * Layout: docs/weight_format.md. Float32 arithmetic is IEEE (__fdiv_rn, __fmul_rn, rintf), so
  * the results equal the CPU backend's bit for bit (scales up to float64 summation order).
- * H100, float32 [16384, 4096]: quantize_i2s 199 us = 2781 GB/s counting both reads of W and the
- * packed write (89% of read BW), measured before step (0) added a third read; quantize_a8 117 us =
- * 2877 GB/s (92%). */
+ * H100, float32 [16384, 4096] (BENCHMARKS.md, 2026-11-26): quantize_i2s 198 us = 2803 GB/s
+ * counting both reads of W and the packed write (90% of read BW); quantize_a8 115 us = 2911 GB/s
+ * (94%); both measured before
+ * quantize_i2s's scan (0) added a third read of W. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -7,12 +7,11 @@
  * unaligned rows, any call with eps = 0) take a loop over global memory, twice. Launched with
  * programmatic dependent launch; the register kernels prefetch rows into L2 (NormArgs).
  * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
- * gated, gate_up (twice x) is read instead of x: bf16 codes, F = 6912, 2.23 us at T = 1 and
- * 2838 GB/s at T = 4096 (relu2_gate + rmsnorm_quantize, before the L2 prefetches: 3.48 and
- * 91.35 us).
- * H100, bf16, H = 2560, L2 cold: 2971 GB/s at T = 32768 (96% of the read bandwidth), 2676 GB/s
- * at T = 4096 (86%), 1.2 us at T = 1; with the int8 codes 3022 GB/s at T = 32768 and 2440 GB/s
- * at T = 4096 (79%). docs/rmsnorm.md. */
+ * gated, gate_up (twice x) is read instead of x.
+ * H100, bf16, H = 2560, L2 cold (BENCHMARKS.md, 2026-11-26): 2974 GB/s at T = 32768 (96% of the
+ * read bandwidth), 2706 GB/s at T = 4096 (87%), 1.2 us at T = 1; with the int8 codes 3027 GB/s at
+ * T = 32768 and 2446 GB/s at T = 4096 (79%); gated, bf16 codes, F = 6912: 2.23 us at T = 1 and
+ * 2862 GB/s at T = 4096. Why each constant has its value: docs/rmsnorm.md's rules and docs/log/. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -28,9 +27,9 @@ constexpr int WARP_ROWS_PER_BLOCK = 4; /* warp-per-row kernels: 128 threads */
 constexpr int WARP_MAX_V = 12;         /* a warp per row up to 32 * 12 vectors */
 /* Rows that a warp could hold (up to 32 * WARP_MAX_V vectors) take a warp per row from
  * WARP_MIN_ROWS_PER_SM rows per SM. From BLOCK_NARROW_MIN_ROWS_PER_SM they take a block per row of
- * 2 vectors per thread: at T = 4096, H = 2560 (31 rows per SM on an H100) that reached 86% of
- * read bandwidth, against 84-85% with a warp per row, whose 10 vectors per thread leave room for
- * only 16 rows per SM. Fewer rows are bound by the latency of one row, which more threads per row
+ * 2 vectors per thread: at T = 4096, H = 2560 (31 rows per SM on an H100) that was faster than a
+ * warp per row, whose 10 vectors per thread leave room for only 16 rows per SM
+ * (docs/log/2026-11-26.md#2026-11-26-5). Fewer rows are bound by the latency of one row, which more threads per row
  * (BLOCK_PREFERRED_THREADS) cut. */
 constexpr int WARP_MIN_ROWS_PER_SM = 64;
 constexpr int BLOCK_NARROW_MIN_ROWS_PER_SM = 4;
@@ -295,8 +294,8 @@ rmsnorm_registers(NormArgs a) {
                 accumulate<T, N, QUANT>(acc, v, w, p[k]);
             }
         } else if constexpr (std::is_same_v<T, __nv_bfloat16> && !RESIDUAL) {
-            /* bfloat16 kept as raw 16-byte words until converted (bf16x8_to_floats): 5-10% fewer
-             * instructions in these issue-bound kernels, 3% faster with the int8 codes. */
+            /* bfloat16 kept as raw 16-byte words until converted (bf16x8_to_floats): fewer
+             * instructions in these issue-bound kernels (docs/log/2026-11-23.md#2026-11-23-10). */
             const uint4 *x_row = reinterpret_cast<const uint4 *>(static_cast<const T *>(a.x) + base);
             const uint4 *weight = static_cast<const uint4 *>(a.weight);
 #pragma unroll
@@ -442,7 +441,7 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     void (*kernel)(NormArgs) = nullptr;
     int64_t threads = 0, grid = 0;
     /* The register kernels need eps > 0, which keeps 1 / RMS a float (tiny_row_scale). Handling
-     * tiny rows there too cost up to 1 us at T = 4096 on an H100 (docs/rmsnorm.md). */
+     * tiny rows there too was slower (docs/log/2026-11-26.md#2026-11-26-5). */
     const bool in_registers = vectorized && a.eps > 0.0f;
     const bool warp_sized = in_registers && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
     /* With the residual's second stream of loads, a block per row was faster at every T. */
@@ -477,9 +476,9 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
 
     NormArgs args = a;
     if (in_registers) {
-        /* Measured on an H100 (docs/rmsnorm.md): with the int8 codes, prefetching the first row and
-         * each row's input 9/10 of the resident rows ahead helps at every T; the plain norm gains
-         * from the first row's prefetch only where all its rows are resident at once. */
+        /* With the int8 codes, prefetching the first row and each row's input 9/10 of the resident
+         * rows ahead helps at every T; the plain norm gains from the first row's prefetch only
+         * where all its rows are resident at once (docs/log/2026-11-23.md#2026-11-23-14). */
         int per_sm = 0;
         BN_TRY(bn_cuda_kernel_occupancy(gpu.device, reinterpret_cast<const void *>(kernel), (int)threads, 0,
                                         &per_sm));

@@ -4,7 +4,7 @@ Each case runs twice (profile the second launch: the first one loads the module)
 random inputs. Run it under ncu on the GPU machine, for example:
 
     ncu --section SpeedOfLight --section SchedulerStats --section Occupancy \\
-        -k regex:rmsnorm --launch-skip 1 --launch-count 1 python3 tools/profile_cases.py norm-int8
+        -k regex:rmsnorm --launch-skip 1 --launch-count 1 python3 tools/dev/profile_cases.py norm-int8
 
 ncu flushes the caches between kernels and runs the SM at its base clock, so its durations are
 longer than bench_*.py's graph replays; compare the ratios it reports (issue, DRAM throughput,

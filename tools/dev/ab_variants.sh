@@ -5,17 +5,17 @@
 # with the one source replaced, and rebuilt. The tests in AB_TESTS (pytest arguments, strict mode)
 # run on each variant; then AB_TIME times every build in turn, each in a process of its own, ROUNDS
 # times with the order rotated each round. The last lines are the table of min-max µs per variant
-# (tools/report.py --ab), to paste into BENCHMARKS.md.
-#   tools/ab_variants.sh SOURCE ROUNDS VARIANT.cu ...
+# (tools/report.py --ab), for the log entry (docs/log/).
+#   tools/dev/ab_variants.sh SOURCE ROUNDS VARIANT.cu ...
 #   AB_TESTS="tests/test_attention.py -m gpu -k decode" \
-#       tools/ab_variants.sh native/src/cuda/attention_decode.cu 3 scratch/lazy.cu scratch/pf1.cu
+#       tools/dev/ab_variants.sh native/src/cuda/attention_decode.cu 3 lazy.cu pf1.cu
 # AB_TIME runs with BITNET_LIB set to the build and `--json PATH` appended; its default times the
 # decode cases below with bench_attention.py, without torch. For the GEMV, for example:
-#   AB_TIME="python3 tools/bench_gemv.py --gemv-only" tools/ab_variants.sh native/src/cuda/gemv_w2a8.cu ...
+#   AB_TIME="python3 tools/bench_gemv.py --gemv-only" tools/dev/ab_variants.sh native/src/cuda/gemv_w2a8.cu ...
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 if [ $# -lt 2 ] || [ ! -f "$1" ]; then
-    echo "usage: tools/ab_variants.sh SOURCE ROUNDS VARIANT.cu ..." >&2
+    echo "usage: tools/dev/ab_variants.sh SOURCE ROUNDS VARIANT.cu ..." >&2
     exit 2
 fi
 source_file=$1 rounds=$2

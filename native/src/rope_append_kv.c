@@ -1,5 +1,5 @@
 /* Public entry point of RoPE fused with the KV-cache append: argument checks and dispatch to
- * cpu/rope_kv.c or cuda/rope_kv.cu. */
+ * cpu/rope_append_kv.c or cuda/rope_append_kv.cu. */
 #include <math.h>
 
 #include "internal.h"

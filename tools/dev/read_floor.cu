@@ -1,14 +1,14 @@
 // The floor for a kernel that streams N bytes once: a pure read (16-byte streaming loads, 8 in flight
 // per thread) timed as tools/gpu_bench.py times ours. A CUDA graph makes back-to-back calls over
 // buffers rotated through more than 512 MiB (L2 cold); the figure is the median of 7 replays, best
-// over grid shapes. The sizes are the bytes of the open targets (BENCHMARKS.md). Two ways to launch:
+// over grid shapes. The sizes are the bytes of the open targets (docs/log/2026-11-23.md#2026-11-23-15). Two ways to launch:
 // - serialized: each call starts after the previous one ends, as a kernel that reads the previous
 //   kernel's output must;
 // - PDL, no wait: programmatic dependent launch with no griddepcontrol.wait, so a call's blocks start
 //   as soon as the previous call's leave room. No real dependent kernel can do this well.
 // With --write-half, each call also writes half as many bytes as it reads (one 16-byte store per two
 // loads), the 2:1 of rmsnorm_quantize's bf16 rows to int8 codes; MB then counts both.
-//   nvcc -O3 -arch=sm_90 -o /tmp/read_floor tools/read_floor.cu && /tmp/read_floor [--write-half] [MB ...]
+//   nvcc -O3 -arch=sm_90 -o /tmp/read_floor tools/dev/read_floor.cu && /tmp/read_floor [--write-half] [MB ...]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -4,7 +4,7 @@
 // to another: at B = 1 a decode call takes 5 clusters of 16, and the next call's clusters start
 // early only where more fit (docs/attention.md). Example (an H100 SXM of 2026-11-24):
 //   sms 132; clusters at once by size: 1:132 2:66 3:39 4:30 5:22 6:17 7:15 8:15 9:9 10:7 ... 16:7
-//   nvcc -arch=sm_90 -o /tmp/cluster_fit tools/cluster_fit.cu && /tmp/cluster_fit
+//   nvcc -arch=sm_90 -o /tmp/cluster_fit tools/dev/cluster_fit.cu && /tmp/cluster_fit
 #include <cstdio>
 
 #include <cuda_runtime.h>

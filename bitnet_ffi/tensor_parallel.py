@@ -1,0 +1,369 @@
+"""Tensor-parallel decode of the BitNet model over `world` ranks (one process per GPU, or threads on
+the CPU for tests), in the Megatron layout:
+
+- QKV and gate|up split by output rows (each rank has heads / world query heads, kv_heads / world
+  KV heads and its KV cache, intermediate / world FFN columns); o and down split by input columns,
+  each followed by one all-reduce of float32 partial sums, rounded to bfloat16 once.
+- BitNet's sub-norms (before o and before down) normalize and int8-quantize the whole row, so the
+  rank's slice of the attention output (and of the squared-ReLU gate) is all-gathered first, and
+  every rank computes the same norm and scale as one GPU would.
+- The output head is split by vocabulary; the ranks' logits are all-gathered and every rank takes
+  the same argmax (numpy's tie rule over the whole vocabulary, as one GPU).
+So the ranks agree bit for bit, and differ from one GPU only where the o / down sums round
+differently (float32 partials added in rank order).
+
+Per layer a decode step makes 4 collectives (2 gathers, 2 all-reduces), plus one for the head;
+on one rank none, and the step is the unsplit model's (model.Session's ops, in its order).
+The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
+1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``: 5 KV heads over 2 ranks
+are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host), ``random_shard``
+makes a rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take
+far too long to quantize from floats)."""
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _arrays, _ffi
+from ._arrays import CPU, DeviceArray
+from .attention import attention, attention_workspace_size
+from .cuda_graph import Graph, Stream
+from .errors import InvalidArgumentError, UnsupportedError
+from .head import add_int32, argmax, embedding, gemv_bf16
+from .layer_glue import relu2_gate, rope_append_kv
+from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .ternary import TernaryWeights, gemv_w2a8
+
+BF16 = "bfloat16"
+GEMV_K_MULTIPLE = 128
+TABLE_BLOCK_ROWS = 4096  # random_shard's embedding: this many random rows, repeated
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a Config divides over `world` ranks, per rank: KV heads (each with its G = heads /
+    kv_heads query heads), FFN columns and vocabulary rows. As even as the units allow (5 KV heads
+    over 2 ranks: 3 and 2), so every rank's pieces may differ in size."""
+    world: int
+    kv_heads: tuple
+    heads: tuple
+    intermediate: tuple
+    vocab: tuple
+
+    @staticmethod
+    def start(sizes, rank):
+        return sum(sizes[:rank])
+
+
+def _even(units, world):
+    return tuple(units // world + (1 if r < units % world else 0) for r in range(world))
+
+
+def split(config, world):
+    """The Split of `config` over `world` ranks; UnsupportedError names every constraint broken."""
+    c = config
+    problems = []
+    if c.heads * c.head_dim != c.hidden:
+        problems.append("heads * head_dim must equal hidden")
+    if c.heads % c.kv_heads:
+        problems.append(f"heads = {c.heads} is not a multiple of kv_heads = {c.kv_heads}")
+    if c.kv_heads < world:
+        problems.append(f"kv_heads = {c.kv_heads} < world = {world} (KV heads are not replicated)")
+    if c.intermediate % GEMV_K_MULTIPLE:
+        problems.append(f"intermediate = {c.intermediate} is not a multiple of {GEMV_K_MULTIPLE} "
+                        f"(the down projection's K, split in such units)")
+    if problems:
+        raise UnsupportedError(f"tensor parallelism over {world} ranks: " + "; ".join(problems))
+    kv = _even(c.kv_heads, world)
+    heads = tuple(k * (c.heads // c.kv_heads) for k in kv)
+    widths = [h * c.head_dim for h in heads]
+    if any(w % GEMV_K_MULTIPLE for w in widths):
+        raise UnsupportedError(f"tensor parallelism over {world} ranks: the ranks' attention "
+                               f"widths {widths} (the o projection's K) must be multiples of "
+                               f"{GEMV_K_MULTIPLE}")
+    inter = tuple(GEMV_K_MULTIPLE * u for u in _even(c.intermediate // GEMV_K_MULTIPLE, world))
+    return Split(world, kv, heads, inter, _even(c.vocab, world))
+
+
+@dataclass
+class ShardLayer:
+    qkv: object      # TernaryWeights [(heads_r + 2 kv_heads_r) * head_dim, H]: Q, K, V rows
+    o: object        # [H, heads_r * head_dim]: this rank's input columns
+    gate_up: object  # [2 I_r, H]: this rank's gate rows, then its up rows
+    down: object     # [H, I_r]
+    attn_norm: object
+    attn_sub_norm: object  # full widths: the norms run on whole (gathered) rows
+    ffn_norm: object
+    ffn_sub_norm: object
+
+
+@dataclass
+class Shard:
+    config: object
+    split: Split
+    rank: int
+    layers: list
+    final_norm: object
+    embedding: object  # bfloat16 [V, H], whole (the lookup needs every row)
+    head: object       # bfloat16 [V_r, H]: this rank's vocabulary rows of the output head
+
+
+def _rows(ranges):
+    """Row indices of several (start, stop) ranges, in order."""
+    return np.concatenate([np.arange(a, b) for a, b in ranges])
+
+
+def shard_weights(weights, rank, world, device):
+    """Rank `rank`'s shard of full host weights (model.Weights of numpy arrays), on `device`."""
+    c = weights.config
+    sp = split(c, world)
+    H, I, D = c.hidden, c.intermediate, c.head_dim
+    q0, q = sp.start(sp.heads, rank) * D, sp.heads[rank] * D
+    k0, kv = sp.start(sp.kv_heads, rank) * D, sp.kv_heads[rank] * D
+    f0, inter = sp.start(sp.intermediate, rank), sp.intermediate[rank]
+    v0, vocab = sp.start(sp.vocab, rank), sp.vocab[rank]
+
+    def put(host):
+        host = np.ascontiguousarray(host)
+        return host if device == CPU else DeviceArray.from_numpy(host, device)
+
+    def rows(tw, ranges):
+        index = _rows(ranges)
+        return TernaryWeights(put(np.asarray(tw.packed)[index]), put(np.asarray(tw.scales)[index]))
+
+    def cols(tw, start, width):
+        packed = np.asarray(tw.packed)[:, start // 4:(start + width) // 4]
+        return TernaryWeights(put(packed), put(np.asarray(tw.scales)))
+
+    layers = []
+    for layer in weights.layers:
+        layers.append(ShardLayer(
+            qkv=rows(layer.qkv, [(q0, q0 + q), (H + k0, H + k0 + kv),
+                                 (H + c.kv_dim + k0, H + c.kv_dim + k0 + kv)]),
+            o=cols(layer.o, q0, q),
+            gate_up=rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
+            down=cols(layer.down, f0, inter),
+            attn_norm=put(layer.attn_norm), attn_sub_norm=put(layer.attn_sub_norm),
+            ffn_norm=put(layer.ffn_norm), ffn_sub_norm=put(layer.ffn_sub_norm)))
+    table = put(weights.embedding)
+    return Shard(c, sp, rank, layers, put(weights.final_norm), table, table[v0:v0 + vocab])
+
+
+# Bytes whose four 2-bit codes are each 0, 1 or 2 (weights -1, 0, 1; docs/weight_format.md).
+_TERNARY_BYTES = np.array([a | b << 2 | c << 4 | d << 6
+                           for a, b, c, d in itertools.product(range(3), repeat=4)], np.uint8)
+
+
+def random_shard(config, rank, world, device, seed=0):
+    """A rank's shard of random weights, made in packed form: one random matrix per distinct
+    shape, generated on the host and uploaded once, then copied on the device into every layer's
+    own memory (so a step still reads every layer's bytes). Scales 1 / sqrt(K); norms 1; the
+    embedding table is TABLE_BLOCK_ROWS random rows repeated (generating 128256 x 8192 floats on
+    the host would take longer than the run)."""
+    c = config
+    sp = split(c, world)
+    H, D = c.hidden, c.head_dim
+    hq, hkv, inter = sp.heads[rank], sp.kv_heads[rank], sp.intermediate[rank]
+    rng = np.random.default_rng(seed * 1009 + rank)
+    shapes = {"qkv": ((hq + 2 * hkv) * D, H), "o": (H, hq * D), "gate_up": (2 * inter, H),
+              "down": (H, inter)}
+    pools = {}
+    for name, (m, k) in shapes.items():
+        packed = _TERNARY_BYTES[rng.integers(0, 81, size=(m, k // 4), dtype=np.uint8)]
+        pools[name] = (DeviceArray.from_numpy(packed, device),
+                       DeviceArray.from_numpy(np.full(m, k ** -0.5, np.float32), device))
+
+    def copy(source):
+        target = DeviceArray(source.shape, source.dtype, device)
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", target.ptr),
+                  _ffi.ffi.cast("void *", source.ptr), source.nbytes,
+                  _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE, _ffi.ffi.NULL)
+        return target
+
+    bf16 = _arrays.numpy_dtype(BF16)
+    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, c.intermediate)}
+    layers = [ShardLayer(**{name: TernaryWeights(copy(p), copy(s)) for name, (p, s) in pools.items()},
+                         attn_norm=ones[H], attn_sub_norm=ones[H], ffn_norm=ones[H],
+                         ffn_sub_norm=ones[c.intermediate])
+              for _ in range(c.layers)]
+    table = DeviceArray((c.vocab, H), BF16, device)
+    block = DeviceArray.from_numpy(
+        (0.5 * rng.standard_normal((min(c.vocab, TABLE_BLOCK_ROWS), H), np.float32)).astype(bf16),
+        device)
+    for start in range(0, c.vocab, block.shape[0]):  # the table: one random block, repeated
+        rows = min(block.shape[0], c.vocab - start)
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", table[start:start + rows].ptr),
+                  _ffi.ffi.cast("void *", block.ptr), rows * H * 2,
+                  _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE, _ffi.ffi.NULL)
+    v0 = sp.start(sp.vocab, rank)
+    _ffi.call("device_synchronize", device)
+    return Shard(c, sp, rank, layers, ones[H], table, table[v0:v0 + sp.vocab[rank]])
+
+
+class TPSession:
+    """One rank's decode state: KV cache of its heads, buffers, the step (a CUDA graph on a GPU).
+    `group` does the collectives (comm.Group, or comm.ThreadGroup on the CPU); every rank calls
+    the same methods in the same order."""
+
+    def __init__(self, shard, group, capacity):
+        c, sp, r = shard.config, shard.split, shard.rank
+        if group.world != sp.world or group.rank != r:
+            raise InvalidArgumentError(f"the shard is rank {r} of {sp.world}, the group rank "
+                                       f"{group.rank} of {group.world}")
+        self.shard, self.group, self.config, self.capacity = shard, group, c, capacity
+        self.device = group.device
+        self.stream = Stream(self.device) if self.device != CPU else None
+        self.graph = None
+        self.solo = sp.world == 1  # no collectives: the unsplit model's step
+        H, I, D = c.hidden, c.intermediate, c.head_dim
+        hq, hkv = sp.heads[r], sp.kv_heads[r]
+        self.counts = {"attn": [h * D for h in sp.heads], "gate": list(sp.intermediate),
+                       "logits": list(sp.vocab)}
+        cache = (1, capacity, hkv, D)
+        self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
+        self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
+        self.positions, self.seq_lens = self.alloc((1,), "int32"), self.alloc((1,), "int32")
+        b = {"ids": self.alloc((1,), "int32"), "h": self.alloc((1, H), BF16),
+             "proj": self.alloc((1, H), BF16), "part": self.alloc((1, H), "float32"),
+             "x_q": self.alloc((1, max(H, I)), "int8"), "x_s": self.alloc((1,), "float32"),
+             "qkv": self.alloc((1, (hq + 2 * hkv) * D), BF16),
+             "attn": self.alloc((1, 1, hq, D), BF16), "attn_full": self.alloc((1, H), BF16),
+             "gate_up": self.alloc((1, 2 * sp.intermediate[r]), BF16),
+             "gate": self.alloc((1, sp.intermediate[r]), BF16),
+             "gate_full": self.alloc((1, I), BF16), "y": self.alloc((1, H), BF16),
+             "logits_part": self.alloc((1, sp.vocab[r]), "float32"),
+             "logits": self.alloc((1, c.vocab), "float32")}
+        if self.solo:  # the head's output is the whole row
+            b["logits_part"] = b["logits"]
+        flat = b["qkv"].reshape(-1)
+        b["q"] = flat[:hq * D].reshape(1, 1, hq, D)
+        b["k"] = flat[hq * D:(hq + hkv) * D].reshape(1, 1, hkv, D)
+        b["v"] = flat[(hq + hkv) * D:].reshape(1, 1, hkv, D)
+        ws = attention_workspace_size(self.device, 1, 1, hq, hkv, D, capacity)
+        b["workspace"] = self.alloc((ws,), "uint8") if ws else None
+        self.b = b
+        self.reset()
+
+    def alloc(self, shape, dtype):
+        if self.device == CPU:
+            return np.zeros(shape, dtype=_arrays.numpy_dtype(dtype))
+        return DeviceArray(shape, dtype, self.device)
+
+    def upload(self, host, target):
+        host = np.ascontiguousarray(host, dtype=np.int32)
+        if self.device == CPU:
+            target[...] = host.reshape(target.shape)
+            return
+        self.synchronize()
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", target.ptr),
+                  _ffi.ffi.cast("void *", host.ctypes.data), host.nbytes,
+                  _ffi.lib().BITNET_COPY_HOST_TO_DEVICE, _ffi.ffi.NULL)
+
+    def download(self, array):
+        return np.array(array if self.device == CPU else array.numpy())
+
+    def synchronize(self):
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.group.check()
+
+    def reset(self):
+        """An empty sequence: the next token goes to position 0."""
+        self.upload([0], self.positions)
+        self.upload([1], self.seq_lens)
+
+    def step(self):
+        """One token through every layer: b["ids"] in, its greedy successor written over it."""
+        c, s, b = self.config, self.shard, self.b
+        H, st, counts = c.hidden, self.stream, self.counts
+        kw = {"stream": st}
+        embedding(s.embedding, b["ids"], out=b["h"], **kw)
+        residual = None
+        for index, layer in enumerate(s.layers):
+            x_q, x_s = _cols(b["x_q"], H), b["x_s"]
+            if residual is None:
+                rmsnorm_quantize(b["h"], layer.attn_norm, eps=c.eps, out=(x_q, x_s), **kw)
+            else:
+                rmsnorm_quantize(b["proj"], layer.attn_norm, eps=c.eps, residual=residual,
+                                 out=(x_q, x_s), **kw)
+            gemv_w2a8(layer.qkv, x_q, x_s, out_dtype=BF16, out=b["qkv"], **kw)
+            rope_append_kv(b["q"], b["k"], b["v"], self.k_cache[index], self.v_cache[index],
+                           self.positions, theta=c.theta, **kw)
+            attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
+                      seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"], **kw)
+            attn = self.gather(b["attn"], b["attn_full"], "attn")
+            self.row_parallel(layer.o, attn, layer.attn_sub_norm, counts["attn"])
+            rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
+                             out=(x_q, x_s), **kw)
+            gemv_w2a8(layer.gate_up, x_q, x_s, out_dtype=BF16, out=b["gate_up"], **kw)
+            if self.solo:  # one rank: the gate fused into the sub-norm, as model.Session runs it
+                g_q = _cols(b["x_q"], c.intermediate)
+                relu2_rmsnorm_quantize(b["gate_up"], layer.ffn_sub_norm, eps=c.eps,
+                                       out=(g_q, x_s), **kw)
+                gemv_w2a8(layer.down, g_q, x_s, out_dtype=BF16, out=b["proj"], **kw)
+            else:
+                relu2_gate(b["gate_up"], out=b["gate"], **kw)
+                self.row_parallel(layer.down, self.gather(b["gate"], b["gate_full"], "gate"),
+                                  layer.ffn_sub_norm, counts["gate"])
+            residual = b["h"]
+        add_rmsnorm(b["proj"], b["h"], s.final_norm, eps=c.eps, out=b["y"], **kw)
+        gemv_bf16(s.head, b["y"], out=b["logits_part"], **kw)
+        argmax(self.gather(b["logits_part"], b["logits"], "logits"), out=b["ids"], **kw)
+        add_int32(self.positions, 1, **kw)
+        add_int32(self.seq_lens, 1, **kw)
+
+    def gather(self, piece, full, kind):
+        """The whole row from the ranks' pieces (`piece` itself on one rank)."""
+        if self.solo:
+            return piece.reshape(1, -1)
+        self.group.all_gather(piece, full, counts=self.counts[kind], stream=self.stream)
+        return full
+
+    def row_parallel(self, weights, full, norm_weight, counts):
+        """proj = W x for the input-column-split W: the whole row `full` (the ranks' pieces of
+        `counts` elements) normalized and quantized the same on every rank, this rank's columns'
+        partial sums in float32, all-reduced (on one rank: the GEMV's bfloat16 output itself)."""
+        b, st, r = self.b, self.stream, self.shard.rank
+        x_q, x_s = _cols(b["x_q"], sum(counts)), b["x_s"]
+        rmsnorm_quantize(full, norm_weight, eps=self.config.eps, out=(x_q, x_s), stream=st)
+        if self.solo:
+            gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b["proj"], stream=st)
+            return
+        start = Split.start(counts, r)
+        mine = x_q.reshape(-1)[start:start + counts[r]].reshape(1, counts[r])
+        gemv_w2a8(weights, mine, x_s, out_dtype="float32", out=b["part"], stream=st)
+        self.group.all_reduce(b["part"], b["proj"], stream=st)
+
+    def decode(self, token=None):
+        """One step; `token` (a host int) replaces the step's input, which is otherwise the last
+        step's output. Returns the greedy next token."""
+        if token is not None:
+            self.upload([token], self.b["ids"])
+        if self.stream is None:
+            self.step()
+        else:
+            if self.graph is None:
+                with Graph.capture(self.stream) as graph:
+                    self.step()
+                self.graph = graph
+            self.graph.launch()
+        self.synchronize()
+        return int(self.download(self.b["ids"])[0])
+
+    def logits(self):
+        return self.download(self.b["logits"])[0]
+
+    def generate(self, prompt, tokens):
+        """Greedy continuation of `prompt` (host ints), token by token: `tokens` new tokens."""
+        out = None
+        for t in prompt:
+            out = self.decode(int(t))
+        generated = [out]
+        for _ in range(tokens - 1):
+            generated.append(self.decode())
+        return generated
+
+
+def _cols(array, width):
+    """The [1, width] view of a [1, >= width] buffer's first elements (numpy or DeviceArray)."""
+    return array.reshape(-1)[:width].reshape(1, width)

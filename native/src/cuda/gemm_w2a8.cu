@@ -1,0 +1,410 @@
+/* CUDA W2A8 GEMM for many tokens, int8 tensor cores (mma.sync m16n8k32, sm_80+):
+ * y[n, m] = (dot(x_q[n], codes[m]) - sum(x_q[n])) * w_scales[m] / x_scales[n], codes = W_q + 1.
+ * - A block owns BM tokens x BN weight rows; K goes by tiles of 128 (K % 128 == 0). Each tile of x
+ *   (BM x 128 bytes) and of the packed weights (BN x 32 bytes) is copied to shared memory by
+ *   cp.async, STAGES tiles in flight. x rows are swizzled by 16-byte chunks for ldmatrix.
+ * - mma A = x (ldmatrix, 16 tokens x 32), B = weight codes (8 rows x 32): lane (g, t) gets k = 4t..4t+3
+ *   of each 16-byte piece of k, which is packed word s of its row at shift t (docs/weight_format.md):
+ *   one shift and one AND per 4 weights, read as unsigned bytes (mma s8.u8). The codes' excess sum(x)
+ *   is taken by dp4a from the A fragments, one k32 step in WARPS_N per warp, added up at the end.
+ * - Fragments are read one k32 step ahead of the mma. Few blocks for the GPU (sm_90): K is split over a
+ *   thread-block cluster, whose first block adds up the partial dots through distributed shared memory.
+ * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
+ * The packed weights are the GEMV's: no second copy. Measured numbers: docs/gemm.md. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cooperative_groups.h>
+
+#include "common.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
+constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
+constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
+/* k tiles in flight. The smaller blocks have room for more stages; on an H100, 6 and 8 timed the same
+ * as 4 within 3% (docs/log/2026-11-26-gemm.md). The defines are for tools/dev/gemm_variants.sh. */
+#ifndef GEMM_MID_STAGES
+#define GEMM_MID_STAGES 6
+#endif
+#ifndef GEMM_SMALL_STAGES
+#define GEMM_SMALL_STAGES 8
+#endif
+constexpr int kStages = 4;                    /* 128 tokens x 256 rows */
+constexpr int kMidStages = GEMM_MID_STAGES;     /* 128 tokens x 128 rows */
+constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
+
+struct GemmArgs {
+    const uint8_t *w; /* [M, K/4] */
+    const float *w_scales;
+    const int8_t *x; /* [N, K] */
+    const float *x_scales;
+    void *y; /* [N, M] */
+    int32_t y_dtype;
+    int M, K, N;
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
+__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void copy_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+    BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                : "r"(address));
+}
+
+__device__ __forceinline__ uint2 lds64(uint32_t address) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(address));
+    return v;
+}
+
+/* d += A B, A 16x32 signed bytes (x), B 32x8 unsigned bytes (codes). */
+__device__ __forceinline__ void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    BN_SM80_ASM(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Byte offset of 16-byte chunk c of row r in a stage's x tile (rows of 128 bytes): the XOR puts the 8
+ * rows that one ldmatrix matrix reads in 8 different chunks, so all 32 banks. */
+__device__ __forceinline__ int x_tile_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+/* Byte offset of half h (16 bytes) of row n in a stage's weight tile (rows of 32 bytes): the 8 rows
+ * that lanes g = 0..7 read at once land in 8 different bank quads. */
+__device__ __forceinline__ int w_tile_offset(int n, int h) { return n * 32 + ((h ^ ((n >> 2) & 1)) << 4); }
+
+__device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
+    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
+}
+
+/* y[n, m] and y[n, m + 1] (the second only where pair). */
+__device__ __forceinline__ void store_pair(const GemmArgs &a, int n, int m, int d0, int d1, float ws0, float ws1,
+                                           float xs, bool pair) {
+    const int64_t index = static_cast<int64_t>(n) * a.M + m;
+    const bool vector = pair && (index % 2 == 0);
+    if (a.y_dtype == BITNET_DTYPE_I32) {
+        int *y = static_cast<int *>(a.y) + index;
+        if (vector) *reinterpret_cast<int2 *>(y) = make_int2(d0, d1);
+        else {
+            y[0] = d0;
+            if (pair) y[1] = d1;
+        }
+        return;
+    }
+    const float v0 = scaled(d0, ws0, xs), v1 = scaled(d1, ws1, xs);
+    if (a.y_dtype == BITNET_DTYPE_F32) {
+        float *y = static_cast<float *>(a.y) + index;
+        if (vector) *reinterpret_cast<float2 *>(y) = make_float2(v0, v1);
+        else {
+            y[0] = v0;
+            if (pair) y[1] = v1;
+        }
+    } else if (a.y_dtype == BITNET_DTYPE_F16) {
+        __half *y = static_cast<__half *>(a.y) + index;
+        if (vector) *reinterpret_cast<__half2 *>(y) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+        else {
+            y[0] = __float2half_rn(v0);
+            if (pair) y[1] = __float2half_rn(v1);
+        }
+    } else {
+        __nv_bfloat16 *y = static_cast<__nv_bfloat16 *>(a.y) + index;
+        if (vector) *reinterpret_cast<__nv_bfloat162 *>(y) = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+        else {
+            y[0] = __float2bfloat16_rn(v0);
+            if (pair) y[1] = __float2bfloat16_rn(v1);
+        }
+    }
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
+struct Tiles {
+    static constexpr int kThreads = WARPS_M * WARPS_N * 32;
+    static constexpr int kWarpTokens = BM / WARPS_M, kWarpRows = BN / WARPS_N;
+    static constexpr int kMI = kWarpTokens / 16, kNI = kWarpRows / 8; /* mma tiles per warp */
+    static constexpr int kXBytes = BM * kTileK, kWBytes = BN * kTileKBytesW;
+    static constexpr int kStageBytes = kXBytes + kWBytes;
+    static constexpr size_t kSharedBytes = static_cast<size_t>(STAGES) * kStageBytes;
+    static constexpr int kDots = kMI * kNI * 4; /* per thread */
+    static_assert(kWarpTokens % 16 == 0 && kWarpRows % 8 == 0, "warp tile");
+    static_assert(BM * 8 % kThreads == 0 && BN * 2 % kThreads == 0, "stage copies");
+    static_assert((WARPS_N * BM + (SPLIT > 1 ? kDots * kThreads : 0)) * sizeof(int) <= kSharedBytes,
+                  "the x sums and the split-K exchange reuse the stages");
+};
+
+/* Blocks: x = token tiles times SPLIT (fastest, so that the blocks running at once share weight
+ * rows and the weights are read from DRAM about once), y = row tiles. SPLIT > 1 (sm_90): the SPLIT
+ * blocks of a cluster take equal shares of K, and the first adds up the others' partial dots from
+ * their shared memory (exact int32) before it stores the outputs. */
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
+__global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const GemmArgs a) {
+    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
+    extern __shared__ int4 shared[];
+    uint8_t *smem = reinterpret_cast<uint8_t *>(shared);
+    const uint32_t smem_base = shared_address(smem);
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+    const int g = lane / 4, t = lane % 4;
+    const int token0 = blockIdx.x / SPLIT * BM, row0 = blockIdx.y * BN;
+    const int split = blockIdx.x % SPLIT; /* the block's rank in its cluster */
+    const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / SPLIT);
+    const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / SPLIT) - kt0;
+    const int64_t w_row_bytes = a.K / 4;
+
+    bn_pdl_wait();
+
+    /* The copies of a stage: thread tid copies x rows tid / 8 + j threads / 8 (chunk tid % 8) and
+     * weight rows tid / 2 + j threads / 2 (half tid % 2); the swizzles depend only on tid. */
+    constexpr int kXCopies = BM * 8 / T::kThreads, kWCopies = BN * 2 / T::kThreads;
+    const int x_r = tid / 8, x_c = tid % 8, w_n = tid / 2, w_h = tid % 2;
+    const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + x_c * 16;
+    const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + w_h * 16;
+    const int x_dst = x_tile_offset(x_r, x_c), w_dst = T::kXBytes + w_tile_offset(w_n, w_h);
+    auto load_stage = [&](int s, int kt) {
+        const uint32_t base = smem_base + s * T::kStageBytes;
+#pragma unroll
+        for (int j = 0; j < kXCopies; j++) {
+            constexpr int kRows = T::kThreads / 8;
+            const bool valid = token0 + x_r + kRows * j < a.N;
+            copy16(base + x_dst + j * kRows * 128,
+                   valid ? x_src + static_cast<int64_t>(kRows * j) * a.K + kt * kTileK : a.x, valid);
+        }
+#pragma unroll
+        for (int j = 0; j < kWCopies; j++) {
+            constexpr int kRows = T::kThreads / 2;
+            const bool valid = row0 + w_n + kRows * j < a.M;
+            copy16(base + w_dst + j * kRows * 32,
+                   valid ? w_src + kRows * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
+        }
+    };
+
+    /* Fragments of k32 step `step` of a stage. A (x): lane l reads row (l % 8) + 8 ((l / 8) % 2) of a
+     * 16-token tile, chunk 2 step + l / 16, swizzled by the row's low 3 bits (the same for every mi).
+     * B (weights): row b_row + 8 ni, packed words 2 step and 2 step + 1 of its 32 bytes. */
+    const int a_row = warp_m * T::kWarpTokens + (lane % 8) + 8 * ((lane / 8) % 2);
+    const int a_swizzle = (lane / 16) ^ (a_row & 7);
+    const int b_row = warp_n * T::kWarpRows + g, b_swizzle = (g >> 2) & 1;
+    const int shift = 2 * t;
+    auto load_fragments = [&](uint32_t (&af)[T::kMI][4], uint2 (&bw)[T::kNI], uint32_t base, int step) {
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; mi++)
+            ldmatrix_x4(af[mi], base + (a_row + 16 * mi) * 128 + ((a_swizzle ^ (2 * step)) << 4));
+        const uint32_t w = base + T::kXBytes + b_row * 32 + (((step / 2) ^ b_swizzle) << 4) + 8 * (step % 2);
+#pragma unroll
+        for (int ni = 0; ni < T::kNI; ni++) bw[ni] = lds64(w + ni * 8 * 32);
+    };
+
+    int acc[T::kMI][T::kNI][4] = {};
+    int x_sum[T::kMI][2] = {}; /* tokens g, g + 8: x over this lane's bytes of this warp's k32 steps */
+    constexpr int kOnes = 0x01010101;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < k_tiles) load_stage(s, kt0 + s);
+        copy_commit();
+    }
+    copy_wait<STAGES - 2>();
+    __syncthreads();
+
+    /* Fragments are read one k32 step ahead of the mma (double buffers). Stage of tile kt: kt %
+     * STAGES; the barrier at the last step of tile kt makes tile kt + 1 visible and frees the stage
+     * of tile kt for tile kt + STAGES. */
+    uint32_t af[2][T::kMI][4];
+    uint2 bw[2][T::kNI];
+    int stage = 0;
+    if (k_tiles > 0) load_fragments(af[0], bw[0], smem_base, 0);
+    for (int kt = 0; kt < k_tiles; kt++) {
+        if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt0 + kt + STAGES - 1);
+        copy_commit();
+#pragma unroll
+        for (int step = 0; step < 4; step++) {
+            const int cur = step % 2;
+            if (step == 3) {
+                copy_wait<STAGES - 2>();
+                __syncthreads();
+                stage = stage + 1 == STAGES ? 0 : stage + 1;
+            }
+            if (step < 3 || kt + 1 < k_tiles)
+                load_fragments(af[cur ^ 1], bw[cur ^ 1], smem_base + stage * T::kStageBytes, (step + 1) % 4);
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++) {
+                const uint32_t b0 = (bw[cur][ni].x >> shift) & 0x03030303u, b1 = (bw[cur][ni].y >> shift) & 0x03030303u;
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++) mma_s8_u8(acc[mi][ni], af[cur][mi], b0, b1);
+            }
+            if (step % WARPS_N == warp_n) {
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++) {
+                    x_sum[mi][0] = __dp4a(static_cast<int>(af[cur][mi][0]), kOnes, __dp4a(static_cast<int>(af[cur][mi][2]), kOnes, x_sum[mi][0]));
+                    x_sum[mi][1] = __dp4a(static_cast<int>(af[cur][mi][1]), kOnes, __dp4a(static_cast<int>(af[cur][mi][3]), kOnes, x_sum[mi][1]));
+                }
+            }
+        }
+    }
+    copy_wait<0>();
+    bn_pdl_launch_dependents();
+    __syncthreads();
+
+    /* The warps of one token range add up their shares of sum(x): sums[warp_n][token in block]. */
+    int *sums = reinterpret_cast<int *>(smem);
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int sum = x_sum[mi][half];
+            sum += __shfl_xor_sync(~0u, sum, 1);
+            sum += __shfl_xor_sync(~0u, sum, 2);
+            if (t == 0) sums[warp_n * BM + warp_m * T::kWarpTokens + 16 * mi + g + 8 * half] = sum;
+        }
+    }
+    __syncthreads();
+
+    /* acc becomes the dots (of this block's share of K): codes . x - sum(x). */
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int r = warp_m * T::kWarpTokens + 16 * mi + g + 8 * half;
+            int total = 0;
+#pragma unroll
+            for (int wn = 0; wn < WARPS_N; wn++) total += sums[wn * BM + r];
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++) {
+                acc[mi][ni][2 * half] -= total;
+                acc[mi][ni][2 * half + 1] -= total;
+            }
+        }
+    }
+    if constexpr (SPLIT > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* exchange[i * threads + tid]: dot i of thread tid, after the x sums */
+        int *exchange = sums + WARPS_N * BM;
+        cg::cluster_group cluster = cg::this_cluster();
+        if (split != 0) {
+#pragma unroll
+            for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < T::kNI; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) exchange[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid] = acc[mi][ni][e];
+        }
+        cluster.sync();
+        if (split == 0) {
+#pragma unroll 1
+            for (int rank = 1; rank < SPLIT; rank++) {
+                const int *other = cluster.map_shared_rank(exchange, rank);
+#pragma unroll
+                for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < T::kNI; ni++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[mi][ni][e] += other[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid];
+            }
+        }
+        cluster.sync(); /* the others' shared memory stays until the first has read it */
+        if (split != 0) return;
+#else
+        __trap();
+#endif
+    }
+
+    float w_scale[T::kNI][2];
+    const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ni++) {
+        const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
+        w_scale[ni][0] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
+        w_scale[ni][1] = scaled_out && m + 1 < a.M ? a.w_scales[m + 1] : 0.0f;
+    }
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; mi++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int n = token0 + warp_m * T::kWarpTokens + 16 * mi + g + 8 * half;
+            if (n >= a.N) continue;
+            const float x_scale = scaled_out ? a.x_scales[n] : 0.0f;
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++) {
+                const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
+                if (m >= a.M) continue;
+                store_pair(a, n, m, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1], w_scale[ni][0],
+                           w_scale[ni][1], x_scale, m + 1 < a.M);
+            }
+        }
+    }
+}
+
+/* One tile shape: BM tokens x BN rows per block, K split over SPLIT blocks (a cluster; sm_90). */
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
+bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
+    using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
+    auto kernel = gemm_w2a8<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), T::kSharedBytes));
+    const dim3 grid(bn_ceil_div(a.N, BM) * SPLIT, bn_ceil_div(a.M, BN));
+    BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(T::kThreads), T::kSharedBytes, SPLIT, stream, a));
+    return BITNET_OK;
+}
+
+template <int BM, int WARPS_M, int WARPS_N, int STAGES>
+bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStream_t stream) {
+    switch (split) {
+    case 8: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 8>(device, a, stream);
+    case 4: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 4>(device, a, stream);
+    case 2: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 2>(device, a, stream);
+    default: return launch<BM, kRowsPerBlock, WARPS_M, WARPS_N, STAGES, 1>(device, a, stream);
+    }
+}
+
+}  // namespace
+
+bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales, int64_t M,
+                                int64_t K, const int8_t *x_q, const float *x_scales, int64_t N, void *y,
+                                int32_t y_dtype, void *stream) {
+    static_assert(BN_GEMM_MAX_M <= 65535LL * kRowsPerBlock, "blocks of rows: gridDim.y <= 65535");
+    if (N > BN_GEMM_MAX_N || M > BN_GEMM_MAX_M)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8: N = %lld, M = %lld is over the GEMM's limits "
+                       "(N <= %d, M <= %lld)", (long long)N, (long long)M, BN_GEMM_MAX_N, BN_GEMM_MAX_M);
+    GemmArgs a;
+    a.w = w_packed;
+    a.w_scales = w_scales;
+    a.x = x_q;
+    a.x_scales = x_scales;
+    a.y = y;
+    a.y_dtype = y_dtype;
+    a.M = static_cast<int>(M);
+    a.K = static_cast<int>(K);
+    a.N = static_cast<int>(N);
+    cudaStream_t s = bn_stream(stream);
+    int major = 0, sms = 0;
+    BN_CUDA_TRY(bn_current_cc_major(&major));
+    BN_TRY(bn_cuda_sm_count(device, &sms));
+    /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
+     * that still leaves two waves of blocks. */
+    const int bm = N <= 32 ? 32 : N <= 64 ? 64 : 128;
+    const int64_t tiles = bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, kRowsPerBlock);
+    if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= 2 * sms)
+        return launch<128, 2 * kRowsPerBlock, 2, 4, kStages, 1>(device, a, s);
+    /* Too few blocks for the GPU (sm_90): K split over clusters of 2 to 8 blocks, each taking at
+     * least 2 tiles of K. */
+    int split = 1;
+    while (major >= 9 && split < 8 && tiles * split * 2 <= sms && K / kTileK >= 4 * split) split *= 2;
+    if (bm == 32) return launch_split<32, 2, 4, kSmallStages>(split, device, a, s);
+    if (bm == 64) return launch_split<64, 2, 4, kSmallStages>(split, device, a, s);
+    return launch_split<128, 2, 4, kMidStages>(split, device, a, s);
+}

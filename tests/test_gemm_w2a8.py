@@ -1,0 +1,82 @@
+"""gemv_w2a8 at many tokens on the GPU, where it runs the tensor-core GEMM (gemm_w2a8.cu): the int32
+dot bit-exact against the CPU backend (on a subset of tokens for large N: the CPU's cost is N * M * K)
+and against an exact float64 product on the GPU for all tokens (|dot| < 2^31, so float64 is exact);
+float outputs bit for bit the rule float32(float32(dot) * w_scale) / x_scale of the GEMV (the same
+bound: two float32 roundings, within 3e-7 relative of the float64 value), float16/bfloat16 that
+float32 value rounded to nearest even. Outputs are poisoned before each call; seeds are printed."""
+import numpy as np
+import pytest
+
+import bitnet_ffi as bn
+
+# (M, K, row_segments): the 2B4T projections (QKV fused with its three scales, gate|up with two),
+# odd M, M below one block of rows, K of one 128-weight tile.
+SHAPES = [(2560, 2560, None), (3840, 2560, [2560, 640, 640]), (13824, 2560, [6912, 6912]),
+          (2560, 6912, None), (333, 384, None), (1001, 1280, [500, 501]), (7, 128, None)]
+TOKENS = [16, 17, 31, 64, 100, 960, 4096]
+CPU_TOKENS = 24  # tokens checked against the CPU backend when N is larger
+
+
+def quantized_problem(torch, rng, M, K, N, row_segments):
+    """Weights from quantize_i2s of random floats (scales per row segment); x with its extremes."""
+    w = torch.from_numpy(rng.standard_normal((M, K), dtype=np.float32))
+    tw_cpu = bn.quantize_i2s(w.numpy(), row_segments=row_segments)
+    tw = bn.TernaryWeights(torch.from_numpy(tw_cpu.packed).cuda(), torch.from_numpy(tw_cpu.scales).cuda())
+    x_q = rng.integers(-128, 128, (N, K), dtype=np.int8)
+    x_q[0, :] = -128  # the extreme dots: every weight at -128 and at 127
+    x_q[-1, :] = 127
+    x_scales = rng.uniform(1.0, 300.0, N).astype(np.float32)
+    return tw, tw_cpu, x_q, x_scales
+
+
+def checked_tokens(rng, N):
+    if N <= CPU_TOKENS:
+        return np.arange(N)
+    picked = rng.choice(np.arange(1, N - 1), CPU_TOKENS - 2, replace=False)
+    return np.sort(np.concatenate([[0, N - 1], picked]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,K,row_segments", SHAPES, ids=[f"{m}x{k}" for m, k, _ in SHAPES])
+@pytest.mark.parametrize("N", TOKENS)
+def test_gemm_gpu_matches_cpu(rng, M, K, row_segments, N):
+    torch = pytest.importorskip("torch")
+    tw, tw_cpu, x_q, x_scales = quantized_problem(torch, rng, M, K, N, row_segments)
+    x_gpu, xs_gpu = torch.from_numpy(x_q).cuda(), torch.from_numpy(x_scales).cuda()
+    w_q = torch.from_numpy(tw_cpu.unpack()).cuda().double()
+    exact = x_gpu.double() @ w_q.T  # exact: integers below 2^53
+    ws, xs = tw.scales, xs_gpu
+    rule = (exact.float() * ws[None, :]) / xs[:, None]  # IEEE float32 multiply and divide
+    rows = checked_tokens(rng, N)
+    for out_dtype in ("int32", "float32", "float16", "bfloat16"):
+        out = torch.full((N, M), 0x7F, dtype=getattr(torch, out_dtype), device="cuda")
+        bn.gemv_w2a8(tw, x_gpu, xs_gpu, out_dtype=out_dtype, out=out)
+        want_cpu = bn.gemv_w2a8(tw_cpu, x_q[rows], x_scales[rows], out_dtype=out_dtype)
+        got = out.cpu()
+        if out_dtype == "int32":
+            assert torch.equal(out, exact.to(torch.int32))
+        elif out_dtype == "float32":
+            assert torch.equal(out, rule)
+            np.testing.assert_allclose(got.numpy(), (exact * ws.double()[None, :] / xs.double()[:, None])
+                                       .cpu().numpy(), rtol=3e-7, atol=0)
+        else:
+            assert torch.equal(out.view(torch.int16), rule.to(out.dtype).view(torch.int16))
+        if out_dtype in ("float16", "bfloat16"):
+            got, want_cpu = got.view(torch.int16), want_cpu.view(np.int16)
+        np.testing.assert_array_equal(got.numpy()[rows], want_cpu)
+
+
+@pytest.mark.gpu
+def test_gemm_gpu_large_shapes_int32(rng):
+    """The benchmark's two large shapes at a block-straddling N, against the float64 product."""
+    torch = pytest.importorskip("torch")
+    for M, K in ((5120, 27648), (55296, 5120)):
+        N = 257
+        packed = torch.randint(0, 3, (4, M, K // 4), dtype=torch.uint8, device="cuda")
+        packed = packed[0] | packed[1] << 2 | packed[2] << 4 | packed[3] << 6
+        tw = bn.TernaryWeights(packed, torch.ones(M, device="cuda"))
+        x = torch.from_numpy(rng.integers(-128, 128, (N, K), dtype=np.int8)).cuda()
+        out = torch.full((N, M), 0x7F, dtype=torch.int32, device="cuda")
+        bn.gemv_w2a8(tw, x, torch.ones(N, device="cuda"), out_dtype="int32", out=out)
+        w_q = tw.unpack().double()
+        assert torch.equal(out, (x.double() @ w_q.T).to(torch.int32))
