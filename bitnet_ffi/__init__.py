@@ -9,8 +9,10 @@ from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CudaErr
                      InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError,
                      OutOfMemoryError, UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer_glue import relu2_gate, rope_append_kv
-from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm, rmsnorm_quantize
+from .layer_glue import glu_gate, relu2_gate, rope_append_kv
+from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
+                   rmsnorm_quantize)
+from .sampling import sample
 from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
                       quantize_i2s, set_cpu_isa)
 
@@ -19,9 +21,10 @@ __all__ = [
     "pack_ternary", "TernaryWeights", "quantize_a8", "gemv_w2a8", "cpu_isa", "set_cpu_isa",
     "rmsnorm", "add_rmsnorm", "rmsnorm_quantize", "relu2_rmsnorm_quantize", "attention",
     "attention_workspace_size", "rope_append_kv", "relu2_gate", "gemv_bf16", "argmax", "embedding",
-    "add_int32", "library_version", "device_synchronize", "BitNetError", "InvalidArgumentError",
-    "ArgumentTypeError", "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError",
-    "InternalError", "LibraryNotFoundError", "ConfigurationError",
+    "add_int32", "glu_gate", "glu_rmsnorm_quantize", "sample", "library_version",
+    "device_synchronize", "BitNetError", "InvalidArgumentError", "ArgumentTypeError",
+    "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
+    "LibraryNotFoundError", "ConfigurationError",
 ]
 
 __version__ = "0.1.0"

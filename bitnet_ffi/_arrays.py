@@ -304,6 +304,27 @@ def upload_int32(host, reference, name):
     return as_array(DeviceArray.from_numpy(host, reference.device), name)
 
 
+def int32_per_row(values, name, count, reference, check_host=None):
+    """An int32 array [count] on the reference's device, from host integers (a list, tuple or numpy
+    array: checked, `check_host(host)` too, then uploaded by upload_int32) or from an array already
+    on that device (checked for dtype and shape only: the host cannot read it)."""
+    if isinstance(values, (list, tuple, np.ndarray)):
+        host = np.asarray(values)
+        if host.shape != (count,) or not np.issubdtype(host.dtype, np.integer):
+            raise InvalidArgumentError(f"{name}: expected {count} integers, got {host.dtype} "
+                                       f"{list(host.shape)}")
+        if host.size and (host.min() < -2**31 or host.max() >= 2**31):
+            raise InvalidArgumentError(f"{name}: values must fit int32")
+        if check_host:
+            check_host(host)
+        return upload_int32(host, reference, name)
+    array = as_array(values, name)
+    if array.device != reference.device:
+        raise InvalidArgumentError(f"{name} is on {device_name(array.device)}, but the op's arrays "
+                                   f"are on {device_name(reference.device)}")
+    return check(array, name, "int32", (count,))
+
+
 class DeviceArray:
     """Memory on a CUDA device, allocated and freed by libbitnet. Exports
     ``__cuda_array_interface__`` (except for bfloat16, which the interface cannot describe), so

@@ -21,7 +21,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     Parameters
     ----------
     q : array [B, Sq, Hq, D]
-        float16 or bfloat16 (float32 too on the CPU); D is 64 or 128.
+        float16 or bfloat16 (float32 too on the CPU); D is 64, 128 or 256.
     k, v : arrays [B, C, Hkv, D]
         The keys and values (a KV cache of capacity C), same dtype and device as q.
     causal : bool

@@ -1,5 +1,5 @@
 """The glue of a BitNet layer around attention and the MLP: RoPE fused with the KV-cache append, and
-the squared-ReLU gate."""
+the gate of the gated linear unit (squared ReLU or SiLU)."""
 import math
 
 import numpy as np
@@ -52,43 +52,54 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
     theta = _arrays.number(theta, "theta")
     if not (math.isfinite(theta) and theta > 1):
         raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
-    if isinstance(positions, (list, tuple, np.ndarray)):
-        host = np.asarray(positions)
-        if host.shape != (B,) or not np.issubdtype(host.dtype, np.integer):
-            raise InvalidArgumentError(f"positions: expected {B} integers, got {host.dtype} "
-                                       f"{list(host.shape)}")
+    def check_range(host):
         bad = np.flatnonzero((host < 0) | (host > C - S))
         if bad.size:
             raise InvalidArgumentError(f"positions[{bad[0]}] = {host[bad[0]]}: {S} new tokens do "
                                        f"not fit a cache of C = {C}")
-        pos = _arrays.upload_int32(host, qa, "positions")
-    else:
-        pos = _arrays.as_array(positions, "positions")
-        if pos.device != device:
-            raise InvalidArgumentError(f"positions is on {_arrays.device_name(pos.device)}, but "
-                                       f"q is on {_arrays.device_name(device)}")
-        _arrays.check(pos, "positions", "int32", (B,))
+
+    pos = _arrays.int32_per_row(positions, "positions", B, qa, check_range)
     _ffi.call("rope_append_kv", device, DTYPE_CODES[qa.dtype], B, S, Hq, Hkv, D, qa.cptr(),
               ka.cptr(), arrays["v"].cptr(), kc.cptr(), arrays["v_cache"].cptr(), C,
               pos.cptr("int32_t *"), float(theta), _ffi.ffi.cast("void *", handle))
     return q
 
 
-def relu2_gate(gate_up, out=None, stream=None):
-    """Squared-ReLU gate of the fused gate|up projection, in float32:
-    ``out[..., f] = max(gate_up[..., f], 0) ** 2 * gate_up[..., F + f]``.
+ACTIVATIONS = {"relu2": 0, "silu": 1}  # bitnet_activation
+
+
+def activation_code(activation):
+    """The bitnet_activation of "relu2" or "silu"."""
+    if activation not in ACTIVATIONS:
+        raise InvalidArgumentError(f"activation must be 'relu2' or 'silu', got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def glu_gate(gate_up, activation="relu2", out=None, stream=None):
+    """Gate of a gated linear unit on the fused gate|up projection, in float32::
+
+        out[..., f] = act(gate_up[..., f]) * gate_up[..., F + f]
+        relu2: act(g) = max(g, 0) ** 2          silu: act(g) = g / (1 + exp(-g))
+
+    then rounded to the dtype. SiLU is computed as ``g / (1 + expf(-g)) * u`` in float32: within
+    about 4 ulp of float32 (relative 5e-7) of the float64 value before that rounding (expf within
+    2 ulp, three roundings), or 1e-37 absolute where exp(-g) overflows (g < -88); the CPU and GPU
+    may differ by an ulp of float32, so by one step of float16 or bfloat16 at rounding ties.
 
     Parameters
     ----------
     gate_up : array [..., 2F]
         float16 or bfloat16 (float32 too on the CPU): the gate in the first F columns, up in the
         last F.
+    activation : "relu2" or "silu"
     out : array [..., F], optional
+    stream : CUDA stream, optional
 
     Returns
     -------
     out
     """
+    code = activation_code(activation)
     arrays, device, handle = _arrays.prepare({"gate_up": gate_up, "out": out}, stream,
                                              writes=("out",), optional=("out",))
     ga = arrays["gate_up"]
@@ -103,6 +114,12 @@ def relu2_gate(gate_up, out=None, stream=None):
         outa = _arrays.as_array(out, "out")
     else:
         outa = _arrays.check(arrays["out"], "out", ga.dtype, shape)
-    _ffi.call("relu2_gate", device, DTYPE_CODES[ga.dtype], T, F, ga.cptr(), outa.cptr(),
+    _ffi.call("glu_gate", device, DTYPE_CODES[ga.dtype], T, F, code, ga.cptr(), outa.cptr(),
               _ffi.ffi.cast("void *", handle))
     return out
+
+
+def relu2_gate(gate_up, out=None, stream=None):
+    """Squared-ReLU gate: ``glu_gate(gate_up, "relu2", out, stream)``, that is
+    ``out[..., f] = max(gate_up[..., f], 0) ** 2 * gate_up[..., F + f]`` in float32."""
+    return glu_gate(gate_up, "relu2", out, stream)

@@ -1,11 +1,12 @@
-"""RMSNorm and its fused variants: the residual add or the squared-ReLU gate before it and the
-int8 quantization after it (docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call, or one
-bitnet_relu2_rmsnorm call for the gate."""
+"""RMSNorm and its fused variants: the residual add or the gate of a GLU before it and the int8
+quantization after it (docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call, or one
+bitnet_glu_rmsnorm call for the gate."""
 import math
 
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import InvalidArgumentError
+from .layer_glue import activation_code
 
 
 def rmsnorm(x, weight, eps=1e-5, out=None, stream=None):
@@ -83,23 +84,27 @@ def rmsnorm_quantize(x, weight, eps=1e-5, residual=None, out=None, y_out=None, s
     return y_q, scales
 
 
-def relu2_rmsnorm_quantize(gate_up, weight, eps=1e-5, out=None, y_out=None, stream=None):
-    """The squared-ReLU gate fused with rmsnorm_quantize of its result, reading gate_up once::
+def glu_rmsnorm_quantize(gate_up, weight, activation="relu2", eps=1e-5, out=None, y_out=None,
+                         stream=None):
+    """The gate of a GLU fused with rmsnorm_quantize of its result, reading gate_up once::
 
-        v = relu2_gate(gate_up)                          (float32, rounded to gate_up's dtype)
+        v = glu_gate(gate_up, activation)                (float32, rounded to gate_up's dtype)
         y = rmsnorm(v, weight, eps)                      (float32, not rounded)
         scales = 127 / max(max(|y|, axis=-1), 1e-5)      (float32)
         y_q = clip(rint(y * scales[..., None]), -128, 127)
 
-    Bit for bit what relu2_gate() followed by rmsnorm_quantize() gives on the same device, without
-    writing v. Unlike relu2_gate, float32 runs on a GPU too.
+    Bit for bit what glu_gate() followed by rmsnorm_quantize() gives on the same device, without
+    writing v. With ``weight=None`` there is no norm: y = v, and (y_q, scales) are quantize_a8(v),
+    bit for bit (models without a sub-norm before down_proj). Unlike glu_gate, float32 runs on a
+    GPU too.
 
     Parameters
     ----------
     gate_up : array [..., 2F], float32, float16 or bfloat16: the gate in the first F columns, up in
         the last F
-    weight : array [F], the dtype of gate_up
-    eps : float, finite and >= 0
+    weight : array [F] of gate_up's dtype, or None (no norm)
+    activation : "relu2" or "silu" (glu_gate)
+    eps : float, finite and >= 0 (unused without a weight)
     out : (y_q, scales) with y_q int8 [..., F] and scales float32 [...], optional
     y_out : array [..., F] of gate_up's dtype, optional: also write y there (rounded to the dtype)
     stream : CUDA stream, optional
@@ -108,10 +113,20 @@ def relu2_rmsnorm_quantize(gate_up, weight, eps=1e-5, out=None, y_out=None, stre
     -------
     (y_q, scales)
     """
+    code = activation_code(activation)
     y_q, scales = _quantized_pair(out)
     _, y_q, scales = _rmsnorm(gate_up, weight, eps, None, y_out, True, (y_q, scales), stream,
-                              gated=True)
+                              gate=code)
     return y_q, scales
+
+
+def relu2_rmsnorm_quantize(gate_up, weight, eps=1e-5, out=None, y_out=None, stream=None):
+    """``glu_rmsnorm_quantize(gate_up, weight, "relu2", eps, out, y_out, stream)``: the
+    squared-ReLU gate, ``v = max(g, 0) ** 2 * u``, fused with rmsnorm_quantize of v."""
+    if weight is None:
+        raise InvalidArgumentError("weight: expected an array [F], got None "
+                                   "(glu_rmsnorm_quantize takes None: no norm)")
+    return glu_rmsnorm_quantize(gate_up, weight, "relu2", eps, out, y_out, stream)
 
 
 def _quantized_pair(out):
@@ -120,16 +135,18 @@ def _quantized_pair(out):
     return out if out is not None else (None, None)
 
 
-def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=False):
-    """The one C call: returns (y, y_q, scales), None for what was not asked for. Gated, x is
-    gate_up [..., 2F] (no residual) and the outputs are [..., F]: bitnet_relu2_rmsnorm."""
+def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gate=None):
+    """The one C call: returns (y, y_q, scales), None for what was not asked for. With a gate (a
+    bitnet_activation), x is gate_up [..., 2F] (no residual), the outputs are [..., F] and weight
+    may be None: bitnet_glu_rmsnorm."""
+    gated = gate is not None
     y_q, scales = quantized if quantize else (None, None)
     name = "gate_up" if gated else "x"
     y_name = "y_out" if quantize else "out"  # the parameter y comes from
     arrays, device, handle = _arrays.prepare(
         {name: x, "weight": weight, "residual": residual, y_name: y, "y_q": y_q, "scales": scales},
         stream, writes=("residual", y_name, "y_q", "scales"),
-        optional=("residual", y_name, "y_q", "scales"))
+        optional=("residual", y_name, "y_q", "scales") + (("weight",) if gated else ()))
     xa = arrays[name]
     if len(xa.shape) == 0:
         raise InvalidArgumentError(f"{name}: expected an array [..., {'2F' if gated else 'H'}], "
@@ -139,7 +156,8 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     _arrays.check(xa, name, FLOAT_DTYPES, xa.shape)
     H, T = xa.shape[-1] // (2 if gated else 1), math.prod(xa.shape[:-1])
     shape = xa.shape[:-1] + (H,)  # of y and y_q
-    _arrays.check(arrays["weight"], "weight", xa.dtype, (H,))
+    if weight is not None or not gated:
+        _arrays.check(arrays["weight"], "weight", xa.dtype, (H,))
     if residual is not None:
         _arrays.check(arrays["residual"], "residual", xa.dtype, shape)
     if y is not None:
@@ -160,10 +178,10 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gated=Fal
     def pointer(name, ctype="void *"):
         return _ffi.ffi.NULL if arrays[name] is None else arrays[name].cptr(ctype)
 
-    outputs = (arrays["weight"].cptr(), _arrays.number(eps, "eps"), pointer(y_name), pointer("y_q", "int8_t *"),
+    outputs = (pointer("weight"), _arrays.number(eps, "eps"), pointer(y_name), pointer("y_q", "int8_t *"),
                pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
     if gated:
-        _ffi.call("relu2_rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), *outputs)
+        _ffi.call("glu_rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, gate, xa.cptr(), *outputs)
     else:
         _ffi.call("rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), pointer("residual"),
                   *outputs)

@@ -421,6 +421,13 @@ def valid_call(entry, mem, rng):
                                 y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
                                 y_scales=put(poison((2,), "float32")), stream=NULL),
                     ("y", "y_q", "y_scales"))
+    if entry == "glu_rmsnorm":  # weight NULL (no norm) is valid: GLU_NORM_MUTATIONS give one
+        return Call(entry, dict(device=d, dtype=0, T=2, F=8, activation=1,
+                                gate_up=put(values(rng, (2, 16), "float32")),
+                                weight=put(values(rng, (8,), "float32")), eps=1e-5,
+                                y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
+                                y_scales=put(poison((2,), "float32")), stream=NULL),
+                    ("y", "y_q", "y_scales"))
     if entry == "attention":
         q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
         return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
@@ -443,6 +450,10 @@ def valid_call(entry, mem, rng):
     if entry == "relu2_gate":
         return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
                                 out=put(poison((3, 5), fd)), stream=NULL), ("out",))
+    if entry == "glu_gate":
+        return Call(entry, dict(device=d, dtype=code, T=3, F=5, activation=1,
+                                gate_up=put(values(rng, (3, 10), fd)), out=put(poison((3, 5), fd)),
+                                stream=NULL), ("out",))
     if entry == "gemv_bf16":
         return Call(entry, dict(device=d, w=put(values(rng, (3, 16), "bfloat16")), M=3, K=16,
                                 x=put(values(rng, (2, 16), "float32")), x_dtype=0, N=2,
@@ -450,6 +461,11 @@ def valid_call(entry, mem, rng):
     if entry == "argmax":
         return Call(entry, dict(device=d, x=put(values(rng, (2, 7), "float32")), N=2, M=7,
                                 index=put(poison((2,), "int32")), stream=NULL), ("index",))
+    if entry == "sample":
+        return Call(entry, dict(device=d, logits=put(values(rng, (2, 7), "float32")), N=2, V=7,
+                                seed=5, counters=put(np.array([3, 9], np.int32)), temperature=1.0,
+                                top_k=3, top_p=0.9, index=put(poison((2,), "int32")), stream=NULL),
+                    ("index",))
     if entry == "embedding":
         return Call(entry, dict(device=d, dtype=0, table=put(values(rng, (5, 8), "float32")), V=5,
                                 H=8, ids=put(np.array([4, 0, 2], np.int32)), N=3,

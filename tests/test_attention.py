@@ -27,7 +27,8 @@ def assert_close(out, ref, v, dtype, rows=None):
 
 CPU_CASES = [  # (B, Sq, Hq, Hkv, D, C)
     (1, 1, 20, 5, 128, 1), (2, 1, 8, 8, 64, 17), (1, 3, 32, 8, 128, 300), (3, 2, 8, 1, 64, 77),
-    (1, 45, 20, 5, 128, 45), (2, 33, 8, 1, 64, 33)]
+    (1, 45, 20, 5, 128, 45), (2, 33, 8, 1, 64, 33),
+    (1, 1, 12, 4, 256, 300), (2, 37, 12, 4, 256, 37), (1, 3, 6, 2, 256, 1000)]  # Falcon3: D = 256
 
 
 @pytest.mark.cpu
@@ -125,7 +126,10 @@ GPU_DECODE_CASES = [  # (B, Sq, Hq, Hkv, D, C)
     # cluster splits of 9 and 20 tiles: 5 and 6 stages (4 above at C = 4096)
     (1, 1, 20, 5, 128, 9000), (1, 1, 16, 2, 64, 20000),
     # more (sequence, KV head) groups than half the SMs: split-KV with the merge kernel, not clusters
-    (12, 1, 48, 8, 128, 2000)]
+    (12, 1, 48, 8, 128, 2000),
+    # D = 256 (Falcon3: 12 / 4 heads): always the split path with its merge kernel
+    (1, 1, 12, 4, 256, 1), (1, 1, 12, 4, 256, 4096), (3, 1, 12, 4, 256, 1000), (2, 5, 12, 4, 256, 300),
+    (1, 1, 12, 4, 256, 40000), (1, 16, 8, 2, 256, 333), (8, 1, 12, 4, 256, 2000)]
 
 
 @pytest.mark.gpu
@@ -162,7 +166,8 @@ def test_gpu_decode_scores_rising_along_the_context(rng, dtype, C):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", [(1, 1000, 20, 5, 128), (2, 77, 8, 8, 64), (1, 4096, 32, 8, 128),
-                                  (2, 300, 8, 1, 128), (1, 129, 20, 5, 64), (2, 4000, 8, 2, 64)])
+                                  (2, 300, 8, 1, 128), (1, 129, 20, 5, 64), (2, 4000, 8, 2, 64),
+                                  (1, 1000, 12, 4, 256), (2, 77, 12, 4, 256), (1, 4096, 12, 4, 256)])
 def test_gpu_prefill_matches_reference_and_sdpa(rng, dtype, case):
     import torch
     B, L, Hq, Hkv, D = case
@@ -190,6 +195,24 @@ def test_gpu_ragged_matches_cpu_and_reference(rng, Sq, causal):
     gpu = bitnet_ffi.attention(qg, kg, vg, causal=causal, seq_lens=lens)
     ref = reference_attention(q, k, v, causal, None, lens)
     assert_close(host64(gpu), ref, v, "float16")
+    assert_close(cpu, ref, v, "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("Sq", [1, 3, 100])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_head_dim_256_ragged_matches_cpu_and_reference(rng, Sq, causal):
+    """D = 256 on both backends with ragged lengths, decode (Sq 1, 3) and prefill (Sq 100)."""
+    import torch
+    B, Hq, Hkv, D, C = 3, 12, 4, 256, 700
+    lens = [Sq, 700, Sq + 333]
+    q, k, v = make_qkv(rng, "float16", B, Sq, Hq, Hkv, D, C, spread=3.0)
+    cpu = bitnet_ffi.attention(q, k, v, causal=causal, seq_lens=lens)
+    qg, kg, vg = (torch.from_numpy(x).cuda() for x in (q, k, v))
+    out = torch.full_like(qg, float("nan"))
+    bitnet_ffi.attention(qg, kg, vg, causal=causal, seq_lens=lens, out=out)
+    ref = reference_attention(q, k, v, causal, None, lens)
+    assert_close(host64(out), ref, v, "float16")
     assert_close(cpu, ref, v, "float16")
 
 

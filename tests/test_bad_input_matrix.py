@@ -59,7 +59,7 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
-              "gemv_bf16", "argmax", "embedding", "add_int32")
+              "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32")
 
 
 # ---------------------------------------------------------------- the mutation table
@@ -239,6 +239,33 @@ MUTATIONS = {
         Mutation("T", BIG, INVALID, "overflows"),
     ] + pointers("gate_up", "out", aligned=("gate_up", "out"))
       + overlaps(("out", "gate_up", ("gate_up", "out"))),
+    "glu_gate": bad_devices() + non_positive("must be positive", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("activation", -1, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("F", 1 << 40, INVALID, "overflows"),
+        Mutation("T", BIG, INVALID, "overflows"),
+    ] + pointers("gate_up", "out", aligned=("gate_up", "out"))
+      + overlaps(("out", "gate_up", ("gate_up", "out"))),
+    "glu_rmsnorm": bad_devices() + non_positive("must be >= 1", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("activation", 99, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("F", 1 << 62, INVALID, "T*2F overflows"),
+        Mutation("T", 1 << 58, INVALID, "overflow a 64-bit byte count"),
+        Mutation("eps", math.nan, INVALID, "eps must be finite"),
+        Mutation("eps", -1e-6, INVALID, "eps must be finite and >= 0"),
+        Mutation("y_q", NULL, INVALID, "both NULL", also={"y": NULL, "y_scales": NULL}),
+        Mutation("y_q", NULL, INVALID, "both NULL", also={"y": NULL, "y_scales": NULL, "weight": NULL}),
+        Mutation("y_scales", NULL, INVALID, "go together"),
+        Mutation("y_scales", NULL, INVALID, "go together", also={"weight": NULL}),
+        Mutation("weight", NULL, INVALID, "ask for y_q too", also={"y_q": NULL, "y_scales": NULL}),
+        Mutation("y", "ALIAS:gate_up", INVALID, "gate_up and y overlap"),
+        Mutation("y_q", "ALIAS:gate_up", INVALID, "gate_up and y_q overlap", also={"weight": NULL}),
+        Mutation("y", "ALIAS:weight", INVALID, "weight and y overlap"),
+    ] + nulls("gate_up") + misaligned("gate_up", "weight", "y", "y_scales")
+      + host_pointers("gate_up", "weight", "y", "y_q", "y_scales"),
     "gemv_bf16": bad_devices() + non_positive("size must be positive", "M", "N", "K") + [
         Mutation("x_dtype", 1, INVALID, "x dtype must be float32 or bfloat16"),
         Mutation("x_dtype", 9, INVALID, "x dtype must be float32 or bfloat16"),
@@ -253,6 +280,19 @@ MUTATIONS = {
         Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
         Mutation("N", 1 << 40, INVALID, "overflow a 64-bit byte count"),  # N * M * 4, M = 2^31-1
     ] + pointers("x", "index", aligned=("x", "index")) + overlaps(("index", "x", ("x", "index"))),
+    "sample": bad_devices() + non_positive("size must be positive", "N", "V") + [
+        Mutation("V", 1 << 31, INVALID, "does not fit the int32 index"),
+        Mutation("N", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("temperature", -0.5, INVALID, "temperature must be finite and >= 0"),
+        Mutation("temperature", math.nan, INVALID, "temperature must be finite"),
+        Mutation("temperature", math.inf, INVALID, "temperature must be finite"),
+        Mutation("top_k", -1, INVALID, "top_k must be in [0, 1024]"),
+        Mutation("top_k", 1025, INVALID, "top_k must be in [0, 1024]"),
+        Mutation("top_p", 0.0, INVALID, "top_p must be in (0, 1]"),
+        Mutation("top_p", 1.5, INVALID, "top_p must be in (0, 1]"),
+        Mutation("top_p", math.nan, INVALID, "top_p must be in (0, 1]"),
+    ] + pointers("logits", "counters", "index", aligned=("logits", "counters", "index"))
+      + overlaps(("index", "logits", ("logits", "index")), ("index", "counters", ("counters", "index"))),
     "embedding": bad_devices() + non_positive("size must be positive", "V", "H", "N") + [
         Mutation("dtype", 4, INVALID, "dtype must be float32, float16 or bfloat16"),
         Mutation("V", 1 << 31, INVALID, "does not fit the int32 ids"),
@@ -272,6 +312,7 @@ MUTATIONS = {
 # per row: the second is applied by COMPANIONS).
 COMPANIONS = {("quantize_i2s", "row_segments"): {"n_segments": 2},
               ("argmax", "N"): {"M": (1 << 31) - 1},
+              ("sample", "N"): {"V": (1 << 31) - 1},
               ("embedding", "H"): {"V": 1 << 30}}
 
 
@@ -795,6 +836,33 @@ def python_cases(rng):
          "device: expected an integer", []),
         ("Graph of an int", lambda: bn.Graph(3), ArgumentTypeError,
          "stream: expected a bitnet_ffi.Stream, got int", []),
+        ("glu_gate activation", lambda: bn.glu_gate(gate, "gelu", out=gate_out),
+         InvalidArgumentError, "activation must be 'relu2' or 'silu'", [gate_out]),
+        ("glu_gate out shape", lambda: bn.glu_gate(gate, "silu", out=nan_like((3, 10))),
+         InvalidArgumentError, "out: expected shape", []),
+        ("glu_rmsnorm activation", lambda: bn.glu_rmsnorm_quantize(gate, w[:5], "tanh", out=gq),
+         InvalidArgumentError, "activation must be 'relu2' or 'silu'", list(gq)),
+        ("glu_rmsnorm weight shape", lambda: bn.glu_rmsnorm_quantize(gate, w[:4], "silu", out=gq),
+         InvalidArgumentError, "weight: expected shape", list(gq)),
+        ("glu_rmsnorm no weight, y_out shape",
+         lambda: bn.glu_rmsnorm_quantize(gate, None, "silu", out=gq, y_out=nan_like((3, 4))),
+         InvalidArgumentError, "y_out: expected shape", list(gq)),
+        ("relu2_rmsnorm weight None", lambda: bn.relu2_rmsnorm_quantize(gate, None, out=gq),
+         InvalidArgumentError, "weight: expected an array", list(gq)),
+        ("sample top_k", lambda: bn.sample(logits, 1, [0, 1], top_k=1025, out=index),
+         InvalidArgumentError, "top_k must be an integer in [0, 1024]", [index]),
+        ("sample top_p", lambda: bn.sample(logits, 1, [0, 1], top_p=0.0, out=index),
+         InvalidArgumentError, "top_p must be in (0, 1]", [index]),
+        ("sample temperature", lambda: bn.sample(logits, 1, [0, 1], temperature=-1.0, out=index),
+         InvalidArgumentError, "temperature must be finite and >= 0", [index]),
+        ("sample seed", lambda: bn.sample(logits, -3, [0, 1], out=index),
+         InvalidArgumentError, "seed must be an integer in [0, 2**64)", [index]),
+        ("sample counters count", lambda: bn.sample(logits, 1, [0], out=index),
+         InvalidArgumentError, "counters: expected 2 integers", [index]),
+        ("sample counters dtype", lambda: bn.sample(logits, 1, np.zeros(2, np.float32), out=index),
+         InvalidArgumentError, "counters: expected 2 integers", [index]),
+        ("sample logits dtype", lambda: bn.sample(logits.astype(np.float16), 1, [0, 1], out=index),
+         InvalidArgumentError, "dtype", [index]),
     ]
 
 

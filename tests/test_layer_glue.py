@@ -29,7 +29,8 @@ def check_rope(q_before, q_after, k, v, k_cache, v_cache, positions, theta, dtyp
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("case", [(1, 1, 20, 5, 128, 50), (3, 7, 8, 8, 64, 31), (2, 5, 8, 1, 6, 9)])
+@pytest.mark.parametrize("case", [(1, 1, 20, 5, 128, 50), (3, 7, 8, 8, 64, 31), (2, 5, 8, 1, 6, 9),
+                                  (2, 3, 12, 4, 256, 40)])
 def test_cpu_rope_append_kv(rng, dtype, case):
     B, S, Hq, Hkv, D, C = case
     q, k, v, k_cache, v_cache = rope_case(rng, dtype, B, S, Hq, Hkv, D, C)
@@ -143,7 +144,8 @@ def test_gpu_relu2_gate_matches_cpu_bitwise(rng, dtype, shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", [(1, 1, 20, 5, 128, 4096), (3, 7, 8, 8, 64, 40000), (2, 17, 32, 8, 128, 100)])
+@pytest.mark.parametrize("case", [(1, 1, 20, 5, 128, 4096), (3, 7, 8, 8, 64, 40000), (2, 17, 32, 8, 128, 100),
+                                  (1, 1, 12, 4, 256, 4096), (2, 9, 12, 4, 256, 300)])
 def test_gpu_rope_append_kv_matches_reference_and_cpu(rng, dtype, case):
     pytest.importorskip("ml_dtypes")
     B, S, Hq, Hkv, D, C = case

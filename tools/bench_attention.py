@@ -11,6 +11,8 @@ kernel.
 
     python tools/bench_attention.py [--json results.json] [--quick]
 
+--heads 12/4/256 sets the heads and head_dim (Falcon3-10B's, D = 256) for every GPU case.
+
 For A/B runs of kernel variants (tools/dev/ab_variants.sh): --no-torch times our calls alone (torch SDPA
 still checks the first call's output), --decode-cases picks the decode cases, e.g. 1x4096,8x4096.
 
@@ -182,6 +184,8 @@ def run_cpu():
 
 def run_gpu(args):
     import torch
+    global HQ, HKV, D
+    HQ, HKV, D = args.heads
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
     read_bw = read_bandwidth_gbps()
@@ -197,7 +201,7 @@ def run_gpu(args):
         results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024)), not args.no_torch))
         torch.cuda.empty_cache()
 
-    return dict(tool="attention", device=name, torch=torch.__version__,
+    return dict(tool="attention", device=name, torch=torch.__version__, heads=[HQ, HKV, D],
                 read_bandwidth_gbps=read_bw, results=results)
 
 
@@ -212,6 +216,17 @@ def decode_cases(text):
     return cases
 
 
+def heads(text):
+    """'12/4/256' -> (12, 4, 256): query heads, KV heads, head_dim."""
+    try:
+        hq, hkv, d = (int(n) for n in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected Hq/Hkv/D, e.g. 12/4/256") from None
+    if min(hq, hkv, d) < 1 or hq % hkv or d not in (64, 128, 256):
+        raise argparse.ArgumentTypeError(f"{text!r}: Hq a multiple of Hkv, D 64, 128 or 256")
+    return hq, hkv, d
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results here")
@@ -220,6 +235,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="GPU: skip the largest cases")
     parser.add_argument("--only", choices=("decode", "prefill"), help="GPU: run one kind of case")
     parser.add_argument("--no-torch", action="store_true", help="GPU: time our calls only")
+    parser.add_argument("--heads", type=heads, default=(HQ, HKV, D), metavar="HQ/HKV/D",
+                        help="GPU: query heads, KV heads and head_dim (default 20/5/128)")
     parser.add_argument("--decode-cases", type=decode_cases, metavar="BxL,...",
                         help="GPU: these decode cases instead of the default ones")
     args = parser.parse_args()

@@ -101,14 +101,15 @@ def attention_markdown(result):
             torch_cells = f"{r['torch_us']:.1f} | {r['torch_tflops']:.0f}" if "torch_us" in r else "- | -"
             prefill.append(f"| {r['L']} | {r['us']:.1f} | {r['tflops']:.0f} | {torch_cells} | "
                            f"{r['max_abs_diff_vs_torch']:.3g} |")
+    hq, hkv, d = result.get("heads", (20, 5, 128))
     lines = [f"Attention on {result['device']}, torch {result['torch']}, L2 cold; read bandwidth "
              f"(torch.sum over 2 GiB) in the same run: {result['read_bandwidth_gbps']:.0f} GB/s."]
     if decode:  # a table only for the kinds of case that ran (--only)
-        lines += ["", "Decode, bf16, 20/5 heads, d = 128 (GB/s counts the K and V bytes read)", "",
+        lines += ["", f"Decode, bf16, {hq}/{hkv} heads, d = {d} (GB/s counts the K and V bytes read)", "",
                   "| B | L | bitnet µs | GB/s | % read BW | torch SDPA µs | GB/s | % read BW | max diff |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *decode]
     if prefill:
-        lines += ["", "Causal prefill, bf16, 20/5 heads, d = 128 (TFLOP/s from 2·L²·d·H)", "",
+        lines += ["", f"Causal prefill, bf16, {hq}/{hkv} heads, d = {d} (TFLOP/s from 2·L²·d·H)", "",
                   "| L | bitnet µs | TFLOP/s | torch SDPA µs | TFLOP/s | max diff |",
                   "| --- | --- | --- | --- | --- | --- |", *prefill]
     return "\n".join(lines)

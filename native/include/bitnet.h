@@ -179,13 +179,28 @@ bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H
                              void *y /* [T, H] or NULL */, int8_t *y_q /* [T, H] or NULL */,
                              float *y_scales /* [T], with y_q */, void *stream);
 
-/* The squared-ReLU gate fused into the RMSNorm after it (docs/rmsnorm.md), reading gate_up once:
- * for each row t, v[f] = max(gate_up[t, f], 0)^2 * gate_up[t, F + f] in float32, rounded to dtype
- * exactly as bitnet_relu2_gate stores it, then bitnet_rmsnorm without residual on v: y and/or
- * y_q with y_scales, bit-identical to bitnet_relu2_gate followed by bitnet_rmsnorm on one device.
- * dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too). eps:
- * finite, >= 0. Give y, y_q (with y_scales) or both; no arrays may overlap. Programmatic dependent
- * launch on a GPU, as bitnet_rmsnorm. */
+/* The activation of a gated linear unit's gate: out = act(gate) * up. */
+typedef enum {
+    BITNET_ACTIVATION_RELU2 = 0, /* max(g, 0)^2 (BitNet b1.58 2B4T) */
+    BITNET_ACTIVATION_SILU = 1   /* g / (1 + e^-g) (Llama-architecture models: SwiGLU) */
+} bitnet_activation;
+
+/* The gate of a GLU fused into the RMSNorm after it (docs/rmsnorm.md), reading gate_up once: for
+ * each row t, v[f] = act(gate_up[t, f]) * gate_up[t, F + f] in float32 (activation: a
+ * bitnet_activation), rounded to dtype exactly as bitnet_glu_gate stores it, then bitnet_rmsnorm
+ * without residual on v: y and/or y_q with y_scales, bit-identical to bitnet_glu_gate followed by
+ * bitnet_rmsnorm on one device. weight NULL: no norm, y = v and y_q, y_scales = quantize_a8's rule
+ * on v (bit-identical to bitnet_glu_gate then bitnet_quantize_a8 on one device; eps unused but
+ * checked; y_q required: y alone is bitnet_glu_gate). dtype: float32, float16 or bfloat16 for gate_up, weight and y (float32 on the GPU too).
+ * eps: finite, >= 0. Give y, y_q (with y_scales) or both; no arrays may overlap. Programmatic
+ * dependent launch on a GPU, as bitnet_rmsnorm. */
+bitnet_status bitnet_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                 int32_t activation, const void *gate_up /* [T, 2F] */,
+                                 const void *weight /* [F] or NULL */, float eps,
+                                 void *y /* [T, F] or NULL */, int8_t *y_q /* [T, F] or NULL */,
+                                 float *y_scales /* [T], with y_q */, void *stream);
+
+/* bitnet_glu_rmsnorm with BITNET_ACTIVATION_RELU2 and a weight (not NULL here). */
 bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                    const void *gate_up /* [T, 2F] */,
                                    const void *weight /* [F] */, float eps,
@@ -200,7 +215,8 @@ bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int
  * NULL). The Sq queries are the last Sq positions of their sequence: with causal = 1, query i sees
  * keys 0 .. L - Sq + i (FlashAttention's kv-cache convention; Sq = L = C is causal prefill). A key
  * that a query does not see never reaches its output, even where k or v hold inf or NaN there.
- * dtype: float16 or bfloat16 (float32 too on the CPU), the same for q, k, v and out. D: 64 or 128.
+ * dtype: float16 or bfloat16 (float32 too on the CPU), the same for q, k, v and out. D: 64, 128
+ * or 256.
  * scale: 0 means 1 / sqrt(D). seq_lens: int32 in the op's memory; each must lie in [Sq, C] (causal)
  * or [1, C]. On the CPU they are checked; on a GPU they are not read by the host: a sequence whose
  * device-resident length is out of range gets NaN outputs and no memory outside the arrays is read.
@@ -235,8 +251,15 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
                                     void *v_cache /* [B, C, Hkv, D] */, int64_t C,
                                     const int32_t *positions /* [B] */, float theta, void *stream);
 
-/* Squared-ReLU gate of the fused gate|up projection: out[t, f] = max(gate_up[t, f], 0)^2 *
- * gate_up[t, F + f], computed in float32. */
+/* Gate of a GLU on the fused gate|up projection: out[t, f] = act(gate_up[t, f]) * gate_up[t, F + f],
+ * computed in float32; act (a bitnet_activation): relu2 max(g, 0)^2, or silu g / (1 + e^-g) with
+ * expf (CPU and GPU may differ by an ulp of float32 before rounding to dtype). */
+bitnet_status bitnet_glu_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                              int32_t activation, const void *gate_up /* [T, 2F] */,
+                              void *out /* [T, F] */, void *stream);
+
+/* bitnet_glu_gate with BITNET_ACTIVATION_RELU2: out[t, f] = max(gate_up[t, f], 0)^2 *
+ * gate_up[t, F + f]. */
 bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                 const void *gate_up /* [T, 2F] */, void *out /* [T, F] */,
                                 void *stream);
@@ -253,6 +276,26 @@ bitnet_status bitnet_gemv_bf16(int32_t device, const void *w /* [M, K] bfloat16 
 /* index[n] = the first m with x[n, m] maximal (a NaN counts as the maximum, as numpy.argmax). */
 bitnet_status bitnet_argmax(int32_t device, const float *x /* [N, M] */, int64_t N, int64_t M,
                             int32_t *index /* [N] */, void *stream);
+
+/* One token per row of logits, drawn on the device (docs/sampling.md). temperature 0: index[n] =
+ * bitnet_argmax of row n. Otherwise, for row n with x = logits[n] (V floats):
+ *   1. x / temperature; p = expf((x - max x) / temperature) in float32, sums in float64;
+ *   2. keep the top_k largest (top_k 0: all; equal logits by the lower index), in that order;
+ *   3. softmax over what is kept; then keep its smallest prefix whose cumulative probability
+ *      reaches top_p (1: all);
+ *   4. u = the uniform draw in [0, 1) of Philox-4x32-10 at (seed, n, counters[n]); index[n] = the
+ *      first kept token whose cumulative probability exceeds u (times the kept mass).
+ * Without top-k and top-p, the whole vocabulary in index order. top_k <= 1024; top-p alone ranks
+ * the 1024 most likely tokens (its softmax over all V): a nucleus wider than that is cut there.
+ * A row holding a NaN or +inf, or only -inf, gives its argmax. The CPU and the GPU draw the same
+ * token except where u falls within float rounding (expf's ulp, float64 sums in another order) of a
+ * boundary between two tokens or of the top-p cut. temperature finite >= 0; top_k in [0, 1024];
+ * top_p in (0, 1]. counters: int32 [N] in the op's memory, read, not advanced (advance them with
+ * bitnet_add_int32, or pass the sequences' positions). No allocation and no host reads of device
+ * data: a GPU call can be captured in a CUDA graph. Programmatic dependent launch. */
+bitnet_status bitnet_sample(int32_t device, const float *logits /* [N, V] */, int64_t N, int64_t V,
+                            uint64_t seed, const int32_t *counters /* [N] */, float temperature,
+                            int32_t top_k, float top_p, int32_t *index /* [N] */, void *stream);
 
 /* out[n, :] = table[ids[n], :]. ids: int32 in the op's memory; on the CPU an id outside [0, V) is an
  * error; on a GPU (ids are not read by the host) its row of out is filled with NaN. */

@@ -10,13 +10,13 @@ int bn_attention_uses_decode(int64_t Sq, int64_t Hq, int64_t Hkv) {
 
 int64_t bn_attention_num_splits(int32_t sm_count, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
                                 int64_t D, int64_t C) {
-    (void)D;
     if (!bn_attention_uses_decode(Sq, Hq, Hkv)) return 1;
     int64_t rows = Sq * (Hq / Hkv);
     int64_t row_blocks = (rows + BN_ATTENTION_DECODE_BLOCK_ROWS - 1) / BN_ATTENTION_DECODE_BLOCK_ROWS;
     int64_t blocks_per_split = B * Hkv * row_blocks;
-    /* Fill one wave of about three blocks per SM, without splits shorter than one key tile. */
-    int64_t splits = 3 * (int64_t)sm_count / blocks_per_split;
+    /* Fill one wave of about three blocks per SM (one at D = 256, whose tiles take 136 KB of shared
+     * memory), without splits shorter than one key tile. */
+    int64_t splits = (D > 128 ? 1 : 3) * (int64_t)sm_count / blocks_per_split;
     int64_t tiles = (C + BN_ATTENTION_DECODE_TILE_KEYS - 1) / BN_ATTENTION_DECODE_TILE_KEYS;
     if (splits > tiles) splits = tiles;
     if (splits > BN_ATTENTION_MAX_SPLITS) splits = BN_ATTENTION_MAX_SPLITS;
@@ -81,9 +81,9 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
     BN_TRY(bn_check_activation_dtype(fn, device, dtype));
     int64_t q_count = 0, kv_count = 0;
     BN_TRY(check_sizes(fn, B, Sq, Hq, Hkv, D, C, &q_count, &kv_count));
-    if (D != 64 && D != 128)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: head_dim D = %lld is not supported (64 or 128)",
-                       fn, (long long)D);
+    if (D != 64 && D != 128 && D != 256)
+        return bn_fail(BITNET_ERR_UNSUPPORTED,
+                       "%s: head_dim D = %lld is not supported (64, 128 or 256)", fn, (long long)D);
     BN_CHECK(causal == 0 || causal == 1, "%s: causal must be 0 or 1, got %d", fn, causal);
     BN_CHECK(isfinite(scale), "%s: scale must be finite (0 for 1/sqrt(D)), got %g", fn, (double)scale);
     BN_CHECK(seq_lens || !causal || Sq <= C,

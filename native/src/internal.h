@@ -178,13 +178,16 @@ bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x,
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y,
                               int8_t *y_q, float *y_scales, void *stream);
-/* bitnet_relu2_rmsnorm: the same norm of v = relu2_gate(gate_up) [T, F], read from gate_up. */
-bitnet_status bn_cpu_relu2_rmsnorm(int32_t dtype, int64_t T, int64_t F, const void *gate_up,
-                                   const void *weight, float eps, void *y, int8_t *y_q,
-                                   float *y_scales);
-bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
-                                    const void *gate_up, const void *weight, float eps, void *y,
-                                    int8_t *y_q, float *y_scales, void *stream);
+/* bitnet_glu_rmsnorm: the same norm of v = glu_gate(gate_up) [T, F], read from gate_up; weight
+ * NULL: no norm (y = v, codes by quantize_a8's rule). */
+bitnet_status bn_cpu_glu_rmsnorm(int32_t dtype, int64_t T, int64_t F, int32_t activation,
+                                 const void *gate_up, const void *weight, float eps, void *y,
+                                 int8_t *y_q, float *y_scales);
+bitnet_status bn_cuda_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                  int32_t activation, const void *gate_up, const void *weight,
+                                  float eps, void *y, int8_t *y_q, float *y_scales, void *stream);
+/* Checks that activation is a bitnet_activation. */
+bitnet_status bn_check_activation(const char *fn, int32_t activation);
 
 /* ---- Attention and layer glue ---- */
 
@@ -307,13 +310,66 @@ bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, i
                                      int64_t Hq, int64_t Hkv, int64_t D, void *q, const void *k,
                                      const void *v, void *k_cache, void *v_cache, int64_t C,
                                      const int32_t *positions, float theta, void *stream);
-bitnet_status bn_cpu_relu2_gate(int32_t dtype, int64_t T, int64_t F, const void *gate_up, void *out);
-/* out[out_offset + i] = relu2(gate_up[gate + i], gate_up[gate + F + i]) stored in dtype, i < n: the
- * squared-ReLU gate of bitnet_relu2_gate, shared with the CPU bitnet_relu2_rmsnorm. */
-void bn_cpu_relu2_span(int32_t dtype, const void *gate_up, int64_t gate, int64_t F, int64_t n,
-                       void *out, int64_t out_offset);
-bitnet_status bn_cuda_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
-                                 const void *gate_up, void *out, void *stream);
+bitnet_status bn_cpu_glu_gate(int32_t dtype, int64_t T, int64_t F, int32_t activation,
+                              const void *gate_up, void *out);
+/* out[out_offset + i] = act(gate_up[gate + i]) * gate_up[gate + F + i] stored in dtype, i < n: the
+ * gate of bitnet_glu_gate, shared with the CPU bitnet_glu_rmsnorm. */
+void bn_cpu_glu_span(int32_t dtype, int32_t activation, const void *gate_up, int64_t gate,
+                     int64_t F, int64_t n, void *out, int64_t out_offset);
+bitnet_status bn_cuda_glu_gate(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                               int32_t activation, const void *gate_up, void *out, void *stream);
+
+/* ---- Sampling (docs/sampling.md) ---- */
+
+/* Candidates kept by top-k or top-p: top_k <= BN_SAMPLE_MAX_CANDIDATES, and top-p without top-k
+ * looks at the BN_SAMPLE_MAX_CANDIDATES most likely tokens. */
+#define BN_SAMPLE_MAX_CANDIDATES 1024
+
+#ifdef __CUDACC__
+#define BN_HOST_DEVICE __host__ __device__
+#else
+#define BN_HOST_DEVICE
+#endif
+
+/* The uniform draw in [0, 1) of row `row` at `counter`: Philox-4x32-10 (Salmon et al., SC 2011) of
+ * the counter block (counter, row low, row high, 0x53414D50) under the key (seed low, seed high),
+ * its first two words as a 53-bit fraction. Integer arithmetic, the same on the CPU and the GPU. */
+static inline BN_HOST_DEVICE double bn_sample_uniform(uint64_t seed, int64_t row, int32_t counter) {
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(uint64_t)row;
+    uint32_t c2 = (uint32_t)((uint64_t)row >> 32), c3 = 0x53414D50u;
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int round = 0; round < 10; round++) {
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;
+        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+    }
+    return ((double)(c0 >> 5) * 67108864.0 + (double)(c1 >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+/* A float's place in the order the sampler ranks logits by, as an unsigned integer: larger floats
+ * give larger keys (-0 just below +0), and every NaN the largest key (NaN ranks first, as in
+ * bitnet_argmax). */
+static inline BN_HOST_DEVICE uint32_t bn_sample_order_key(float x) {
+    union { float f; uint32_t u; } bits = {x};
+    if (x != x) return 0xFFFFFFFFu;
+    return bits.u ^ ((bits.u >> 31) ? 0xFFFFFFFFu : 0x80000000u);
+}
+
+/* The rank of logit x at index i: larger is ranked first, equal logits by the lower index. */
+static inline BN_HOST_DEVICE uint64_t bn_sample_rank(float x, int64_t i) {
+    return (uint64_t)bn_sample_order_key(x) << 32 | (0xFFFFFFFFu - (uint32_t)i);
+}
+static inline BN_HOST_DEVICE int64_t bn_sample_rank_index(uint64_t rank) {
+    return (int64_t)(0xFFFFFFFFu - (uint32_t)rank);
+}
+
+bitnet_status bn_cpu_sample(const float *logits, int64_t N, int64_t V, uint64_t seed,
+                            const int32_t *counters, float temperature, int32_t top_k, float top_p,
+                            int32_t *index);
+bitnet_status bn_cuda_sample(int32_t device, const float *logits, int64_t N, int64_t V,
+                             uint64_t seed, const int32_t *counters, float temperature,
+                             int32_t top_k, float top_p, int32_t *index, void *stream);
 
 /* ---- Model glue and graphs ---- */
 bitnet_status bn_cpu_gemv_bf16(const void *w, int64_t M, int64_t K, const void *x, int32_t x_dtype,

@@ -1,15 +1,16 @@
-/* bitnet_rmsnorm and bitnet_relu2_rmsnorm: argument checks (one shared routine), then the CPU or
- * CUDA backend. */
+/* bitnet_rmsnorm, bitnet_glu_rmsnorm and its squared-ReLU form bitnet_relu2_rmsnorm: argument
+ * checks (one shared routine), then the CPU or CUDA backend. */
 #include <math.h>
 #include <stdio.h>
 
 #include "internal.h"
 
-/* What differs between the two entry points: the function's name, and the input read per row,
- * x [T, H] or (gated) gate_up [T, 2F] with the width called F. */
+/* What differs between the entry points: the function's name, the input read per row, x [T, H] or
+ * (gated) gate_up [T, 2F] with the width called F, and whether the weight may be NULL (no norm). */
 typedef struct {
     const char *fn;
     int gated;
+    int weight_optional;
 } norm_op;
 
 /* Every check of both entry points. `in` is x, or gate_up when gated; residual is NULL when gated. */
@@ -41,7 +42,8 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
      * rows still read). */
     const int64_t bytes = T * H * size;
     const bn_array arrays[] = {{in_name, in, T * in_cols * size, size, BN_READ},
-                               {"weight", weight, H * size, size, BN_READ},
+                               {"weight", weight, H * size, size,
+                                BN_READ | (op->weight_optional ? BN_OPTIONAL : 0)},
                                {"residual", residual, bytes, size, BN_WRITTEN | BN_OPTIONAL},
                                {"y", y, bytes, size,
                                 BN_WRITTEN | BN_OPTIONAL | (op->gated ? 0 : BN_MAY_EQUAL(0))},
@@ -54,7 +56,7 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
 bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                              void *residual, const void *weight, float eps, void *y, int8_t *y_q,
                              float *y_scales, void *stream) {
-    static const norm_op op = {"bitnet_rmsnorm", 0};
+    static const norm_op op = {"bitnet_rmsnorm", 0, 0};
     BN_TRY(check_norm(&op, device, dtype, T, H, x, residual, weight, eps, y, y_q, y_scales));
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_rmsnorm(dtype, T, H, x, residual, weight, eps, y, y_q, y_scales)
@@ -62,13 +64,32 @@ bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H
                                          y_scales, stream));
 }
 
+static bitnet_status glu_rmsnorm(const norm_op *op, int32_t device, int32_t dtype, int64_t T,
+                                 int64_t F, int32_t activation, const void *gate_up,
+                                 const void *weight, float eps, void *y, int8_t *y_q,
+                                 float *y_scales, void *stream) {
+    BN_TRY(bn_check_activation(op->fn, activation));
+    BN_TRY(check_norm(op, device, dtype, T, F, gate_up, NULL, weight, eps, y, y_q, y_scales));
+    BN_CHECK(weight || y_q, "%s: without a weight (no norm) y is the gate alone: ask for y_q too, "
+             "or call bitnet_glu_gate", op->fn);
+    return device == BITNET_DEVICE_CPU
+               ? bn_cpu_glu_rmsnorm(dtype, T, F, activation, gate_up, weight, eps, y, y_q, y_scales)
+               : BN_CUDA(bn_cuda_glu_rmsnorm(device, dtype, T, F, activation, gate_up, weight, eps,
+                                             y, y_q, y_scales, stream));
+}
+
+bitnet_status bitnet_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                 int32_t activation, const void *gate_up, const void *weight,
+                                 float eps, void *y, int8_t *y_q, float *y_scales, void *stream) {
+    static const norm_op op = {"bitnet_glu_rmsnorm", 1, 1};
+    return glu_rmsnorm(&op, device, dtype, T, F, activation, gate_up, weight, eps, y, y_q, y_scales,
+                       stream);
+}
+
 bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                    const void *gate_up, const void *weight, float eps, void *y,
                                    int8_t *y_q, float *y_scales, void *stream) {
-    static const norm_op op = {"bitnet_relu2_rmsnorm", 1};
-    BN_TRY(check_norm(&op, device, dtype, T, F, gate_up, NULL, weight, eps, y, y_q, y_scales));
-    return device == BITNET_DEVICE_CPU
-               ? bn_cpu_relu2_rmsnorm(dtype, T, F, gate_up, weight, eps, y, y_q, y_scales)
-               : BN_CUDA(bn_cuda_relu2_rmsnorm(device, dtype, T, F, gate_up, weight, eps, y, y_q,
-                                               y_scales, stream));
+    static const norm_op op = {"bitnet_relu2_rmsnorm", 1, 0};
+    return glu_rmsnorm(&op, device, dtype, T, F, BITNET_ACTIVATION_RELU2, gate_up, weight, eps, y,
+                       y_q, y_scales, stream);
 }

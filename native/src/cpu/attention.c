@@ -31,7 +31,7 @@ PATH_INLINE void load_row(const void *src, int32_t dtype, int64_t offset, int64_
     for (int64_t i = 0; i < n; i++) dst[i] = bn_load_float(src, dtype, offset + i);
 }
 
-/* a . b over n elements, n a multiple of 8 (D = 64 or 128). */
+/* a . b over n elements, n a multiple of 8 (D = 64, 128 or 256). */
 PATH_INLINE float dot(const float *a, const float *b, int64_t n) {
     float part[8] = {0.0f};
     for (int64_t d = 0; d < n; d += 8)

@@ -1,9 +1,10 @@
-/* CPU backend of bitnet_rmsnorm and bitnet_relu2_rmsnorm. Rows run in parallel (OpenMP); each row
+/* CPU backend of bitnet_rmsnorm and bitnet_glu_rmsnorm. Rows run in parallel (OpenMP); each row
  * is read in chunks that are converted to float32 and worked on in LANES partial sums the compiler
  * vectorizes. Passes over a row: (1) residual add and store, sum of squares and max |v*w|; (1b)
  * only where the float32 mean square is not a normal float: the sum again in float64; (2) y and/or
- * the int8 codes. Gated (bitnet_relu2_rmsnorm), every pass computes its chunk of v from the
- * gate_up row with bn_cpu_relu2_span, rounded to the dtype as bitnet_relu2_gate stores it. */
+ * the int8 codes. Gated (bitnet_glu_rmsnorm), every pass computes its chunk of v from the gate_up
+ * row with bn_cpu_glu_span, rounded to the dtype as bitnet_glu_gate stores it; without a weight,
+ * the weights are ones and 1 / RMS is 1 (no norm: y = v, the codes quantize_a8's). */
 #include <float.h>
 #include <math.h>
 
@@ -16,10 +17,11 @@ static const float TINY_ROW_SCALE = 0x1p64f;
 typedef struct {
     int32_t dtype;
     int64_t H;
-    int gated;     /* x is gate_up [T, 2H] and v = relu2_gate(x) */
+    int gated;     /* x is gate_up [T, 2H] and v = glu_gate(x, activation) */
+    int32_t activation;
     const void *x;
     void *residual;
-    const void *weight;
+    const void *weight; /* NULL: no norm (gated only) */
     float eps;
     void *y;
     int8_t *y_q;
@@ -27,11 +29,11 @@ typedef struct {
 } norm_args;
 
 /* v[0..n) = elements [c, c+n) of row `row` of the values normalized as float32: x, the residual
- * (after pass 1 stored it), or gated, relu2 of the gate_up row stored in the dtype and read back. */
+ * (after pass 1 stored it), or gated, the gate of the gate_up row stored in the dtype and read back. */
 static void load_v(const norm_args *a, int64_t row, int64_t c, int n, float *v) {
     if (a->gated) {
         union { float f32[CHUNK]; uint16_t u16[CHUNK]; } stored;
-        bn_cpu_relu2_span(a->dtype, a->x, row * 2 * a->H + c, a->H, n, &stored, 0);
+        bn_cpu_glu_span(a->dtype, a->activation, a->x, row * 2 * a->H + c, a->H, n, &stored, 0);
         bn_load_floats(a->dtype, &stored, 0, n, v);
     } else {
         bn_load_floats(a->dtype, a->residual ? a->residual : a->x, row * a->H + c, n, v);
@@ -42,7 +44,10 @@ static void load_v(const norm_args *a, int64_t row, int64_t c, int n, float *v) 
 static int load_chunk(const norm_args *a, int64_t row, int64_t c, float *v, float *w) {
     int n = (int)(a->H - c < CHUNK ? a->H - c : CHUNK), padded = (n + LANES - 1) / LANES * LANES;
     load_v(a, row, c, n, v);
-    bn_load_floats(a->dtype, a->weight, c, n, w);
+    if (a->weight)
+        bn_load_floats(a->dtype, a->weight, c, n, w);
+    else
+        for (int i = 0; i < n; i++) w[i] = 1.0f;
     for (int i = n; i < padded; i++) v[i] = w[i] = 0.0f;
     return n;
 }
@@ -79,7 +84,9 @@ static void norm_row(const norm_args *a, int64_t row) {
      * TINY_ROW_SCALE, exact, and 1 / RMS is divided by pre (as the CUDA loop kernel does). */
     const float mean_square = sum / (float)H + a->eps;
     float r, pre = 1.0f;
-    if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
+    if (!a->weight) {
+        r = 1.0f;
+    } else if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
         r = 1.0f / sqrtf(mean_square);
     } else {
         double sum64 = 0.0;
@@ -130,13 +137,13 @@ static bitnet_status norm_rows(const norm_args *a, int64_t T) {
 bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x, void *residual,
                              const void *weight, float eps, void *y, int8_t *y_q,
                              float *y_scales) {
-    const norm_args args = {dtype, H, 0, x, residual, weight, eps, y, y_q, y_scales};
+    const norm_args args = {dtype, H, 0, 0, x, residual, weight, eps, y, y_q, y_scales};
     return norm_rows(&args, T);
 }
 
-bitnet_status bn_cpu_relu2_rmsnorm(int32_t dtype, int64_t T, int64_t F, const void *gate_up,
-                                   const void *weight, float eps, void *y, int8_t *y_q,
-                                   float *y_scales) {
-    const norm_args args = {dtype, F, 1, gate_up, NULL, weight, eps, y, y_q, y_scales};
+bitnet_status bn_cpu_glu_rmsnorm(int32_t dtype, int64_t T, int64_t F, int32_t activation,
+                                 const void *gate_up, const void *weight, float eps, void *y,
+                                 int8_t *y_q, float *y_scales) {
+    const norm_args args = {dtype, F, 1, activation, gate_up, NULL, weight, eps, y, y_q, y_scales};
     return norm_rows(&args, T);
 }

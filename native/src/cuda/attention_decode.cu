@@ -1,5 +1,5 @@
 /* Decode attention over a KV cache, split-KV: out = softmax(q.k^T * scale + causal mask) v, float32
- * online softmax. Layout q/out [B, Sq, Hq, D], k/v [B, C, Hkv, D] (bf16/f16, D = 64 or 128).
+ * online softmax. Layout q/out [B, Sq, Hq, D], k/v [B, C, Hkv, D] (bf16/f16, D = 64, 128 or 256).
  * Grid (split, KV head x block of 16 query rows, sequence): the rows are one KV head's query heads x
  * new tokens, so each K/V byte is read once per 16 rows. A block of 4 warps streams every
  * num_splits-th 64-key tile through shared memory (cp.async); each warp does q.k and p.v for 16
@@ -7,8 +7,8 @@
  * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
  *   block per SM with 4 to 6 tile stages; each pushes its partial into the shared memory of the
  *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
- * - split path: about 3 blocks per SM, 2 tile stages, partials in the workspace and a merge
- *   kernel.
+ * - split path: about 3 blocks per SM (1 at D = 256, whose 2 stages take 136 KB), 2 tile stages,
+ *   partials in the workspace and a merge kernel. D = 256 always takes it.
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
@@ -735,7 +735,8 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
     int splits = 0;
     ClusterKernel<T> cluster{};
-    BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits, &cluster)));
+    if constexpr (D <= 128) /* at D = 256, 4 tile stages are over an SM's shared memory */
+        BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits, &cluster)));
     if (splits > 0) {
         grid.x = (unsigned)splits;
         BN_CUDA_TRY(bn_launch_pdl_cluster(cluster.kernel, grid, dim3(kThreads), cluster.shared_bytes,
@@ -777,8 +778,9 @@ bitnet_status bn_cuda_attention_decode(int32_t device, int32_t dtype, int64_t B,
                                        int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
                                        void *out, void *workspace, int64_t num_splits, cudaStream_t stream) {
     bool bf16 = dtype == BITNET_DTYPE_BF16;
-    auto launch = D == 64 ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
-                          : (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>);
+    auto launch = D == 64    ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
+                  : D == 128 ? (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>)
+                             : (bf16 ? launch_decode<__nv_bfloat16, 256> : launch_decode<__half, 256>);
     return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, workspace,
                   num_splits, stream);
 }

@@ -1,6 +1,6 @@
 /* Prefill attention on tensor cores (FlashAttention-2 style): out = softmax(q.k^T * scale + causal
  * mask) v, scores never leave registers. Layout q/out [B, Sq, Hq, D], k/v [B, C, Hkv, D] (bf16/f16,
- * D = 64 or 128). Grid (query head, query tile of 128 rows, sequence), heaviest causal tiles first;
+ * D = 64, 128 or 256). Grid (query head, query tile of 128 rows, sequence), heaviest causal tiles first;
  * 4 warps, each owns 32 query rows (two m16 tiles, so each K/V fragment from shared memory feeds
  * two mma): S = Q K^T and O += P V with mma.sync m16n8k16 (f32 accumulate) over 64-key tiles
  * double-buffered in shared memory (cp.async, XOR-swizzled for ldmatrix), 2 blocks per SM; online
@@ -16,8 +16,10 @@ namespace {
 
 /* 4 warps of ROW_TILES m16 tiles of query rows each: with 2 (128-row blocks), every K and V
  * fragment read from shared memory feeds two mma. 64-key tiles double-buffered: 96 KB (80 KB with
- * 64-row blocks) of shared memory at D = 128 and 2 blocks per SM. */
-constexpr int kWarps = 4, kBlockN = 64;
+ * 64-row blocks) of shared memory at D = 128 and 2 blocks per SM. D = 256 takes 64-row blocks
+ * (ROW_TILES 2 would hold 256 accumulators per thread) and 32-key tiles: 96 KB, 2 blocks per SM. */
+constexpr int kWarps = 4;
+template <int D> constexpr int kBlockN = D > 128 ? 32 : 64;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStages = 2; /* K/V tiles in flight: one loads while one is used */
 template <int ROW_TILES> constexpr int kBlockM = kWarps * 16 * ROW_TILES;
@@ -25,8 +27,8 @@ template <int ROW_TILES> constexpr int kBlockM = kWarps * 16 * ROW_TILES;
 template <int D, int ROW_TILES>
 struct PrefillShared {
     uint4 q[kBlockM<ROW_TILES>][D / 8];
-    uint4 k[kStages][kBlockN][D / 8];
-    uint4 v[kStages][kBlockN][D / 8];
+    uint4 k[kStages][kBlockN<D>][D / 8];
+    uint4 v[kStages][kBlockN<D>][D / 8];
 };
 
 /* Rows [row0, row0 + ROWS) of a [*, stride]-strided matrix into shared memory, rows >= `rows_end`
@@ -38,8 +40,9 @@ template <typename T, int D, int ROWS>
 __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int64_t stride,
                                           int row0, int rows_end) {
     constexpr int kChunks = D / 8, kRowsPerPass = kThreads / kChunks;
-    static_assert(kThreads % kChunks == 0 && kRowsPerPass % 8 == 0 && ROWS % kRowsPerPass == 0,
-                  "whole passes over whole rows, each row of a thread with the same swizzle");
+    static_assert(kThreads % kChunks == 0 && ROWS % kRowsPerPass == 0, "whole passes over whole rows");
+    /* Below D = 256 a pass covers whole swizzle periods (8 rows): a thread's rows share a swizzle. */
+    constexpr bool kOneSwizzle = kRowsPerPass % 8 == 0;
     const int first = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
     const int column = swizzle(first, chunk);
     const int64_t offset = (int64_t)(row0 + first) * stride + chunk * 8;
@@ -47,8 +50,8 @@ __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int
     for (int pass = 0; pass < ROWS / kRowsPerPass; pass++) {
         const int row = first + pass * kRowsPerPass;
         const bool inside = row0 + row < rows_end;
-        cp_async_16(&dst[row][column], src + (inside ? offset + (int64_t)pass * kRowsPerPass * stride : 0),
-                    inside);
+        cp_async_16(&dst[row][kOneSwizzle ? column : swizzle(row, chunk)],
+                    src + (inside ? offset + (int64_t)pass * kRowsPerPass * stride : 0), inside);
     }
 }
 
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v,
                const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int Hkv, int causal,
                float scale_log2, T *__restrict__ out) {
-    constexpr int kDimTiles = D / 8, kKeyTiles = kBlockN / 8, kRowTiles = ROW_TILES;
+    constexpr int kDimTiles = D / 8, kKeyTiles = kBlockN<D> / 8, kRowTiles = ROW_TILES;
     constexpr int kBlockM = ::kBlockM<ROW_TILES>;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<PrefillShared<D, ROW_TILES> *>(smem_bytes);
@@ -98,7 +101,7 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     /* Query row i sits at position L - Sq + i and sees keys up to there (causal) or all L. */
     const int offset = L - Sq;
     const int keys = causal ? min(L, offset + min(m0 + kBlockM, Sq)) : L;
-    const int key_tiles = (keys + kBlockN - 1) / kBlockN;
+    const int key_tiles = (keys + kBlockN<D> - 1) / kBlockN<D>;
     const T *k_base = k + ((int64_t)b * C * Hkv + kvh) * D;
     const T *v_base = v + ((int64_t)b * C * Hkv + kvh) * D;
 
@@ -106,8 +109,8 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     load_rows<T, D, kBlockM>(sm.q, q_base + (int64_t)m0 * q_stride, q_stride, 0, Sq - m0);
     for (int j = 0; j < kStages - 1; j++) { /* group j holds tile j (group 0 also q) */
         if (j < key_tiles) {
-            load_rows<T, D, kBlockN>(sm.k[j], k_base, kv_stride, j * kBlockN, keys);
-            load_rows<T, D, kBlockN>(sm.v[j], v_base, kv_stride, j * kBlockN, keys);
+            load_rows<T, D, kBlockN<D>>(sm.k[j], k_base, kv_stride, j * kBlockN<D>, keys);
+            load_rows<T, D, kBlockN<D>>(sm.v[j], v_base, kv_stride, j * kBlockN<D>, keys);
         }
         cp_async_commit();
     }
@@ -123,17 +126,17 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     for (int j = 0; j < key_tiles; j++) {
         const int stage = j % kStages, ahead = j + kStages - 1;
         if (ahead < key_tiles) { /* into the stage that tile j - 1 used */
-            load_rows<T, D, kBlockN>(sm.k[ahead % kStages], k_base, kv_stride, ahead * kBlockN, keys);
-            load_rows<T, D, kBlockN>(sm.v[ahead % kStages], v_base, kv_stride, ahead * kBlockN, keys);
+            load_rows<T, D, kBlockN<D>>(sm.k[ahead % kStages], k_base, kv_stride, ahead * kBlockN<D>, keys);
+            load_rows<T, D, kBlockN<D>>(sm.v[ahead % kStages], v_base, kv_stride, ahead * kBlockN<D>, keys);
         }
         cp_async_commit();
         cp_async_wait<kStages - 1>();
-        const int key0 = j * kBlockN;
+        const int key0 = j * kBlockN<D>;
         /* Keys past the block's first row's diagonal are hidden from some of its rows. */
-        const bool hides_keys = causal && key0 + kBlockN - 1 > offset + m0;
+        const bool hides_keys = causal && key0 + kBlockN<D> - 1 > offset + m0;
         if (hides_keys)
             hidden_nonfinite_v |= __syncthreads_or(
-                copied_chunks_nonfinite<T, D, kBlockN, kThreads>(sm.v[stage]));
+                copied_chunks_nonfinite<T, D, kBlockN<D>, kThreads>(sm.v[stage]));
         else
             __syncthreads();
 
@@ -161,7 +164,7 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
         }
 
         /* Masking is needed only where the tile reaches past L or past the first row's diagonal. */
-        const bool masked = key0 + kBlockN > L || hides_keys;
+        const bool masked = key0 + kBlockN<D> > L || hides_keys;
         uint32_t pf[kRowTiles][kKeyTiles / 2][4];
 #pragma unroll
         for (int mi = 0; mi < kRowTiles; mi++) {
@@ -255,9 +258,11 @@ bitnet_status launch_prefill(int32_t device, int64_t B, int64_t Sq, int64_t Hq, 
     int sms = 0;
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t wide_blocks = Hq * bn_ceil_div(Sq, kBlockM<2>) * B;
-    if (wide_blocks < 2LL * sms) /* then Sq is small enough for the narrow grid too */
+    if (D > 128 || wide_blocks < 2LL * sms) /* then Sq is small enough for the narrow grid too */
         return launch_kernel<T, D, 1>(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
-    return launch_kernel<T, D, 2>(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+    if constexpr (D <= 128)
+        return launch_kernel<T, D, 2>(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
+    return BITNET_OK; /* not reached: D = 256 took the narrow grid */
 }
 
 } // namespace
@@ -268,7 +273,8 @@ bitnet_status bn_cuda_attention_prefill(int32_t device, int32_t dtype, int64_t B
                                         const int32_t *seq_lens, int32_t causal, float scale,
                                         void *out, cudaStream_t stream) {
     bool bf16 = dtype == BITNET_DTYPE_BF16;
-    auto launch = D == 64 ? (bf16 ? launch_prefill<__nv_bfloat16, 64> : launch_prefill<__half, 64>)
-                          : (bf16 ? launch_prefill<__nv_bfloat16, 128> : launch_prefill<__half, 128>);
+    auto launch = D == 64    ? (bf16 ? launch_prefill<__nv_bfloat16, 64> : launch_prefill<__half, 64>)
+                  : D == 128 ? (bf16 ? launch_prefill<__nv_bfloat16, 128> : launch_prefill<__half, 128>)
+                             : (bf16 ? launch_prefill<__nv_bfloat16, 256> : launch_prefill<__half, 256>);
     return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
 }

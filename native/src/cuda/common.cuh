@@ -141,12 +141,17 @@ __device__ __forceinline__ void mma<__half>(float (&c)[4], const uint32_t (&a)[4
 
 static inline unsigned bn_ceil_div(int64_t a, int64_t b) { return (unsigned)((a + b - 1) / b); }
 
-/* The squared-ReLU gate of one element, in float32: max(gate, 0)^2 * up (a NaN gate stays NaN).
- * The one definition the CUDA kernels share (bitnet_relu2_rmsnorm; bitnet_relu2_gate); the CPU's is
- * bn_cpu_relu2_span. */
-__device__ __forceinline__ float bn_relu2(float gate, float up) {
-    const float relu = gate < 0.0f ? 0.0f : gate;
-    return relu * relu * up;
+/* The gate of a gated linear unit for one element, in float32: act(gate) * up with act = relu2,
+ * max(gate, 0)^2 (a NaN gate stays NaN), or silu, gate / (1 + e^-gate) (IEEE division and expf,
+ * within 2 ulp, as the CPU's). ACT is a bitnet_activation. The one definition the CUDA kernels
+ * share (bitnet_glu_rmsnorm; bitnet_glu_gate); the CPU's is bn_cpu_glu_span. */
+template <int ACT> __device__ __forceinline__ float bn_glu(float gate, float up) {
+    if constexpr (ACT == BITNET_ACTIVATION_SILU) {
+        return gate / (1.0f + expf(-gate)) * up;
+    } else {
+        const float relu = gate < 0.0f ? 0.0f : gate;
+        return relu * relu * up;
+    }
 }
 
 /* max(a, b), or NaN if either is NaN (fmaxf returns the other operand): the activation

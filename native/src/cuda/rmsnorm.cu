@@ -1,6 +1,7 @@
-/* RMSNorm, optionally fused with the residual add or the squared-ReLU gate before it and the int8
- * quantization after it: v = x (or residual += x, as stored; or gated, v = relu2(gate) * up rounded
- * to the dtype, from gate_up [T, 2H]), y = v * w / sqrt(mean(v^2) + eps), q = rint(y * 127 / max|y|).
+/* RMSNorm, optionally fused with the residual add or the gate of a GLU before it and the int8
+ * quantization after it: v = x (or residual += x, as stored; or gated, v = act(gate) * up rounded
+ * to the dtype, from gate_up [T, 2H], act relu2 or silu), y = v * w / sqrt(mean(v^2) + eps) (gated
+ * without a weight: y = v, no norm), q = rint(y * 127 / max|y|).
  * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
  * vectors of 16 B, >= 64 rows per SM; 4 rows per block) or else one block per row (<= 4096
  * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
@@ -85,24 +86,40 @@ __device__ __forceinline__ void store(void *base, int64_t i, const Pack<T, N> &p
     *reinterpret_cast<Pack<T, N> *>(static_cast<T *>(base) + i) = p;
 }
 
-/* The gated input: bn_relu2(gate, up) rounded to T, as bitnet_relu2_gate stores it. */
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> relu2_gate(const Pack<T, N> &gate, const Pack<T, N> &up) {
+/* GATE, a kernel's input: x (NO_GATE), or gate_up with a bitnet_activation. */
+constexpr int NO_GATE = -1;
+
+/* The gated input: bn_glu<GATE>(gate, up) rounded to T, as bitnet_glu_gate stores it. */
+template <typename T, int N, int GATE>
+__device__ __forceinline__ Pack<T, N> glu_gate(const Pack<T, N> &gate, const Pack<T, N> &up) {
     Pack<T, N> v;
 #pragma unroll
-    for (int j = 0; j < N; j++) v.e[j] = from_float<T>(bn_relu2(to_float(gate.e[j]), to_float(up.e[j])));
+    for (int j = 0; j < N; j++) v.e[j] = from_float<T>(bn_glu<GATE>(to_float(gate.e[j]), to_float(up.e[j])));
     return v;
 }
 
 /* The N elements of the input v at column i of row `row` of src: src [rows, cols], or gated,
- * relu2_gate() of src = gate_up [rows, 2 cols] (the gate at column i, up at cols + i). */
-template <typename T, int N, bool GATED>
+ * glu_gate() of src = gate_up [rows, 2 cols] (the gate at column i, up at cols + i). */
+template <typename T, int N, int GATE>
 __device__ __forceinline__ Pack<T, N> load_input(const NormArgs &a, const void *src, int64_t row, int64_t i) {
-    if constexpr (GATED) {
+    if constexpr (GATE != NO_GATE) {
         const int64_t gate = row * 2 * a.cols + i;
-        return relu2_gate(load<T, N>(src, gate), load<T, N>(src, gate + a.cols));
+        return glu_gate<T, N, GATE>(load<T, N>(src, gate), load<T, N>(src, gate + a.cols));
     } else {
         return load<T, N>(src, row * a.cols + i);
+    }
+}
+
+/* The weights at column i; without the norm (NORM false: no weight), ones. */
+template <typename T, int N, bool NORM>
+__device__ __forceinline__ Pack<T, N> load_weight(const NormArgs &a, int64_t i) {
+    if constexpr (NORM) {
+        return load<T, N>(a.weight, i);
+    } else {
+        Pack<T, N> ones;
+#pragma unroll
+        for (int j = 0; j < N; j++) ones.e[j] = from_float<T>(1.0f);
+        return ones;
     }
 }
 
@@ -119,10 +136,10 @@ __device__ __forceinline__ Pack<T, N> add_residual(const Pack<T, N> &x, const Pa
  * 128-byte line, spread over the row's threads. Rows past the end are skipped. An L2 prefetch may
  * be issued before the PDL wait: the previous kernel's writes land in L2, so it cannot make a later
  * load stale. */
-template <typename T, bool RESIDUAL, bool GATED>
+template <typename T, bool RESIDUAL, int GATE>
 __device__ __forceinline__ void prefetch_row_l2(const NormArgs &a, int64_t row, int lane, int row_threads) {
     if (row >= a.rows) return;
-    const int64_t bytes = a.cols * (int64_t)sizeof(T) * (GATED ? 2 : 1);
+    const int64_t bytes = a.cols * (int64_t)sizeof(T) * (GATE != NO_GATE ? 2 : 1);
     const char *x = static_cast<const char *>(a.x) + row * bytes;
     const char *residual = RESIDUAL ? static_cast<const char *>(a.residual) + row * bytes : nullptr;
     for (int64_t at = (int64_t)lane * 128; at < bytes; at += (int64_t)row_threads * 128) {
@@ -258,16 +275,18 @@ __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, cons
 /* A row held in registers as the products p = v * w: thread `lane` of the row's `row_threads`
  * holds the N-element vectors k * row_threads + lane, k < V. The rare float64 sum rereads v from
  * global memory (x, the residual this thread stored, or gated, recomputed from gate_up) rather
- * than keeping it live. GATED and RESIDUAL are never both set. */
-template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, bool GATED, bool QUANT>
+ * than keeping it live. A gate and RESIDUAL are never both set. Without NORM (gated only), the
+ * weights are ones and 1 / RMS is 1: y = v and the codes are quantize_a8's. */
+template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, int GATE, bool QUANT, bool NORM>
 __global__ void __launch_bounds__(WARP_PER_ROW ? 32 * WARP_ROWS_PER_BLOCK : BLOCK_MAX_THREADS)
 rmsnorm_registers(NormArgs a) {
-    static_assert(!(RESIDUAL && GATED), "the residual add and the gate are not fused together");
+    static_assert(!(RESIDUAL && GATE != NO_GATE), "the residual add and the gate are not fused together");
+    static_assert(NORM || GATE != NO_GATE, "only the gate is run without the norm");
     const int row_threads = WARP_PER_ROW ? 32 : blockDim.x;
     const int lane = WARP_PER_ROW ? threadIdx.x % 32 : threadIdx.x;
     const int64_t rows_per_block = WARP_PER_ROW ? WARP_ROWS_PER_BLOCK : 1;
     const int64_t first_row = blockIdx.x * rows_per_block + (WARP_PER_ROW ? threadIdx.x / 32 : 0);
-    if (a.prefetch_first_row) prefetch_row_l2<T, RESIDUAL, GATED>(a, first_row, lane, row_threads);
+    if (a.prefetch_first_row) prefetch_row_l2<T, RESIDUAL, GATE>(a, first_row, lane, row_threads);
     wait_for_previous_kernel();
     const int vectors = (int)(a.cols / N); /* at most BLOCK_MAX_THREADS * BLOCK_MAX_V here */
     const void *v_src = RESIDUAL ? a.residual : a.x;
@@ -276,7 +295,7 @@ rmsnorm_registers(NormArgs a) {
         const int64_t base = row * a.cols;
         float p[V][N];
         SumMax acc = {0.0f, 0.0f};
-        if constexpr (GATED) {
+        if constexpr (GATE != NO_GATE) {
             /* No branch around the loads (a lane past the row's end loads the row's first vector
              * and drops it), so that every vector's gate, up and weight loads can be issued before
              * the math that waits for them. */
@@ -285,7 +304,7 @@ rmsnorm_registers(NormArgs a) {
                 const int64_t vec = (int64_t)k * row_threads + lane;
                 const bool in_row = vec < vectors;
                 const int64_t at = (in_row ? vec : 0) * N;
-                Pack<T, N> v = load_input<T, N, true>(a, a.x, row, at), w = load<T, N>(a.weight, at);
+                Pack<T, N> v = load_input<T, N, GATE>(a, a.x, row, at), w = load_weight<T, N, NORM>(a, at);
 #pragma unroll
                 for (int j = 0; j < N; j++) {
                     v.e[j] = in_row ? v.e[j] : from_float<T>(0.0f);
@@ -327,14 +346,14 @@ rmsnorm_registers(NormArgs a) {
                 accumulate<T, N, QUANT>(acc, v, w, p[k]);
             }
         }
-        if (a.prefetch_ahead) prefetch_row_l2<T, RESIDUAL, GATED>(a, row + a.prefetch_ahead, lane, row_threads);
+        if (a.prefetch_ahead) prefetch_row_l2<T, RESIDUAL, GATE>(a, row + a.prefetch_ahead, lane, row_threads);
         acc = row_reduce<WARP_PER_ROW>(acc);
-        const float r = inverse_rms(acc.sum, a, [&] {
+        const float r = !NORM ? 1.0f : inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
 #pragma unroll
             for (int k = 0; k < V; k++) {
                 const int64_t vec = (int64_t)k * row_threads + lane;
-                if (vec < vectors) sum += sum_squares64(load_input<T, N, GATED>(a, v_src, row, vec * N));
+                if (vec < vectors) sum += sum_squares64(load_input<T, N, GATE>(a, v_src, row, vec * N));
             }
             return row_reduce<WARP_PER_ROW>(sum);
         });
@@ -356,9 +375,10 @@ rmsnorm_registers(NormArgs a) {
 
 /* Any row: one block per row, reading it from global memory once per pass (x, the residual or
  * gate_up again in the second pass; each thread rereads only what it wrote itself). */
-template <typename T, int N, bool RESIDUAL, bool GATED, bool QUANT>
+template <typename T, int N, bool RESIDUAL, int GATE, bool QUANT, bool NORM>
 __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
-    static_assert(!(RESIDUAL && GATED), "the residual add and the gate are not fused together");
+    static_assert(!(RESIDUAL && GATE != NO_GATE), "the residual add and the gate are not fused together");
+    static_assert(NORM || GATE != NO_GATE, "only the gate is run without the norm");
     wait_for_previous_kernel();
     const void *v_src = RESIDUAL ? a.residual : a.x;
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
@@ -366,19 +386,19 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
         const int64_t first = (int64_t)threadIdx.x * N, step = (int64_t)blockDim.x * N;
         SumMax acc = {0.0f, 0.0f};
         for (int64_t i = first; i < a.cols; i += step) {
-            Pack<T, N> v = load_input<T, N, GATED>(a, a.x, row, i);
+            Pack<T, N> v = load_input<T, N, GATE>(a, a.x, row, i);
             if (RESIDUAL) {
                 v = add_residual(v, load<T, N>(a.residual, base + i));
                 store<T, N>(a.residual, base + i, v);
             }
             float p[N];
-            accumulate<T, N, QUANT>(acc, v, load<T, N>(a.weight, i), p);
+            accumulate<T, N, QUANT>(acc, v, load_weight<T, N, NORM>(a, i), p);
         }
         acc = row_reduce<false>(acc);
-        const double r64 = inverse_rms(acc.sum, a, [&] {
+        const double r64 = !NORM ? 1.0 : inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
             for (int64_t i = first; i < a.cols; i += step)
-                sum += sum_squares64(load_input<T, N, GATED>(a, v_src, row, i));
+                sum += sum_squares64(load_input<T, N, GATE>(a, v_src, row, i));
             return row_reduce<false>(sum);
         });
         const float pre = tiny_row_scale(r64), r = (float)(r64 / pre);
@@ -387,8 +407,8 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             SumMax scaled = {0.0f, 0.0f};
             for (int64_t i = first; i < a.cols; i += step) {
                 float p[N];
-                accumulate<T, N, true>(scaled, load_input<T, N, GATED>(a, v_src, row, i),
-                                       load<T, N>(a.weight, i), p, pre);
+                accumulate<T, N, true>(scaled, load_input<T, N, GATE>(a, v_src, row, i),
+                                       load_weight<T, N, NORM>(a, i), p, pre);
             }
             acc.max = row_reduce<false>(scaled).max;
         }
@@ -396,8 +416,8 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
         for (int64_t i = first; i < a.cols; i += step) {
             float p[N];
             SumMax unused = {0.0f, 0.0f};
-            accumulate<T, N, false>(unused, load_input<T, N, GATED>(a, v_src, row, i),
-                                    load<T, N>(a.weight, i), p, pre);
+            accumulate<T, N, false>(unused, load_input<T, N, GATE>(a, v_src, row, i),
+                                    load_weight<T, N, NORM>(a, i), p, pre);
             write_outputs<T, N, QUANT>(a, base + i, p, r, r * scale);
         }
         if (QUANT && threadIdx.x == 0) a.y_scales[row] = scale;
@@ -408,15 +428,15 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
  * block per row. */
 constexpr int V_CHOICES[] = {1, 2, 3, 4, 6, 8, 10, 12};
 
-template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, bool GATED, bool QUANT, int I = 0>
+template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, int GATE, bool QUANT, bool NORM, int I = 0>
 void (*registers_kernel(int v))(NormArgs) {
     constexpr int count = sizeof V_CHOICES / sizeof *V_CHOICES;
     if constexpr (I == count || V_CHOICES[I] > (WARP_PER_ROW ? WARP_MAX_V : BLOCK_MAX_V)) {
         return nullptr;
     } else {
         if (v == V_CHOICES[I])
-            return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, GATED, QUANT>;
-        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, GATED, QUANT, I + 1>(v);
+            return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, GATE, QUANT, NORM>;
+        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, GATE, QUANT, NORM, I + 1>(v);
     }
 }
 
@@ -432,7 +452,7 @@ bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p
 /* Picks the kernel and its shape for the row length and alignment, and launches it. Gated, x is
  * gate_up: with cols % N == 0 its gate and up halves are as aligned as its start, so the shape is
  * the one bitnet_rmsnorm picks for the gate's output of the same alignment. */
-template <typename T, bool RESIDUAL, bool GATED, bool QUANT>
+template <typename T, bool RESIDUAL, int GATE, bool QUANT, bool NORM = true>
 bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
@@ -447,7 +467,7 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     /* With the residual's second stream of loads, a block per row was faster at every T. */
     const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * gpu.sms;
     if (warp_per_row) {
-        kernel = registers_kernel<T, N, true, false, GATED, QUANT>(smallest_v((vectors + 31) / 32));
+        kernel = registers_kernel<T, N, true, false, GATE, QUANT, NORM>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     } else if (in_registers && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
@@ -455,12 +475,12 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
         int v = narrow ? 2
                        : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
-        kernel = registers_kernel<T, N, false, RESIDUAL, GATED, QUANT>(v);
+        kernel = registers_kernel<T, N, false, RESIDUAL, GATE, QUANT, NORM>(v);
         threads = ((vectors + v - 1) / v + 31) / 32 * 32;
         grid = a.rows;
     } else {
-        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, GATED, QUANT>
-                            : rmsnorm_loop<T, 1, RESIDUAL, GATED, QUANT>;
+        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, GATE, QUANT, NORM>
+                            : rmsnorm_loop<T, 1, RESIDUAL, GATE, QUANT, NORM>;
         const int64_t per_thread = vectorized ? N : 1;
         threads = (a.cols + per_thread - 1) / per_thread;
         threads = threads > LOOP_THREADS ? LOOP_THREADS : (threads + 31) / 32 * 32;
@@ -468,7 +488,7 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     }
     if (kernel == nullptr)
         return bn_fail(BITNET_ERR_INTERNAL, "%s: no kernel for %s=%lld",
-                       GATED ? "bitnet_relu2_rmsnorm" : "bitnet_rmsnorm", GATED ? "F" : "H",
+                       GATE != NO_GATE ? "bitnet_glu_rmsnorm" : "bitnet_rmsnorm", GATE != NO_GATE ? "F" : "H",
                        (long long)a.cols);
     /* Rows beyond the grid are taken by the blocks' row loops. */
     const int64_t max_grid = (int64_t)gpu.sms * 64;
@@ -490,29 +510,36 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     return BITNET_OK;
 }
 
-/* Gated runs never have a residual: 6 of the 8 (RESIDUAL, GATED, QUANT) combinations exist. */
-template <typename T>
-bitnet_status launch_dtype(const NormArgs &a, bool gated, const BnGpu &gpu, cudaStream_t stream) {
-    if (gated)
-        return a.y_q ? launch<T, false, true, true>(a, gpu, stream)
-                     : launch<T, false, true, false>(a, gpu, stream);
-    if (a.residual)
-        return a.y_q ? launch<T, true, false, true>(a, gpu, stream)
-                     : launch<T, true, false, false>(a, gpu, stream);
-    return a.y_q ? launch<T, false, false, true>(a, gpu, stream)
-                 : launch<T, false, false, false>(a, gpu, stream);
+/* The gated kernels of one activation: with the norm, with or without the codes; without it (no
+ * weight), with the codes (the entry point refuses y alone there: that is bitnet_glu_gate). */
+template <typename T, int GATE>
+bitnet_status launch_gated(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
+    if (!a.weight) return launch<T, false, GATE, true, false>(a, gpu, stream);
+    return a.y_q ? launch<T, false, GATE, true>(a, gpu, stream) : launch<T, false, GATE, false>(a, gpu, stream);
 }
 
-/* Both entry points: x is gate_up [T, 2H] when gated (residual then NULL). */
-bitnet_status run(int32_t device, int32_t dtype, bool gated, const NormArgs &a, void *stream) {
+/* Gated runs never have a residual. gate: NO_GATE or a bitnet_activation. */
+template <typename T>
+bitnet_status launch_dtype(const NormArgs &a, int gate, const BnGpu &gpu, cudaStream_t stream) {
+    if (gate == BITNET_ACTIVATION_RELU2) return launch_gated<T, BITNET_ACTIVATION_RELU2>(a, gpu, stream);
+    if (gate == BITNET_ACTIVATION_SILU) return launch_gated<T, BITNET_ACTIVATION_SILU>(a, gpu, stream);
+    if (a.residual)
+        return a.y_q ? launch<T, true, NO_GATE, true>(a, gpu, stream)
+                     : launch<T, true, NO_GATE, false>(a, gpu, stream);
+    return a.y_q ? launch<T, false, NO_GATE, true>(a, gpu, stream)
+                 : launch<T, false, NO_GATE, false>(a, gpu, stream);
+}
+
+/* Both entry points: x is gate_up [T, 2H] when gated (gate a bitnet_activation; residual then NULL). */
+bitnet_status run(int32_t device, int32_t dtype, int gate, const NormArgs &a, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     switch (dtype) {
-    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gated, gpu, bn_stream(stream));
-    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gated, gpu, bn_stream(stream));
-    default: return launch_dtype<__nv_bfloat16>(a, gated, gpu, bn_stream(stream));
+    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gate, gpu, bn_stream(stream));
+    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gate, gpu, bn_stream(stream));
+    default: return launch_dtype<__nv_bfloat16>(a, gate, gpu, bn_stream(stream));
     }
 }
 
@@ -521,12 +548,13 @@ bitnet_status run(int32_t device, int32_t dtype, bool gated, const NormArgs &a, 
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y, int8_t *y_q,
                               float *y_scales, void *stream) {
-    return run(device, dtype, false, NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H, false, 0}, stream);
+    return run(device, dtype, NO_GATE, NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H, false, 0},
+               stream);
 }
 
-bitnet_status bn_cuda_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
-                                    const void *gate_up, const void *weight, float eps, void *y,
-                                    int8_t *y_q, float *y_scales, void *stream) {
-    return run(device, dtype, true, NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F, false, 0},
-               stream);
+bitnet_status bn_cuda_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                  int32_t activation, const void *gate_up, const void *weight,
+                                  float eps, void *y, int8_t *y_q, float *y_scales, void *stream) {
+    return run(device, dtype, activation,
+               NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F, false, 0}, stream);
 }
