@@ -11,7 +11,7 @@ ternary layer's input is quantized to int8 per token by the norm before it.
 On a GPU every buffer is a ``DeviceArray`` and the decode step is captured once as a CUDA graph and
 replayed: no host round trip, allocation or synchronization per token.
 """
-import sys
+import math
 import time
 from dataclasses import dataclass
 
@@ -21,10 +21,11 @@ from . import _arrays, _ffi
 from .attention import attention, attention_workspace_size
 from .config import Config
 from .cuda_graph import Graph, Stream
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import InvalidArgumentError
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
-from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .norm import add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .sampling import sample
 from .ternary import TernaryWeights, gemv_w2a8, quantize_a8, quantize_i2s
 
 BF16 = "bfloat16"
@@ -204,7 +205,7 @@ class Session:
             self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, gate_up, weight, eps=c.eps,
                     out=(x_q, x_s))
         else:
-            self.op("rmsnorm (+int8)", _op("glu_rmsnorm_quantize"), gate_up, weight,
+            self.op("rmsnorm (+int8)", glu_rmsnorm_quantize, gate_up, weight,
                     activation=c.activation, eps=c.eps, out=(x_q, x_s))
         return x_q, x_s
 
@@ -250,7 +251,7 @@ class Session:
         if self.sampling is None:
             self.op("argmax", argmax, b["logits"], out=b["next"])
         else:  # the draw of row n is a function of (seed, n, positions[n])
-            self.op("argmax", _op("sample"), b["logits"], self.sampling["seed"], self.positions,
+            self.op("argmax", sample, b["logits"], self.sampling["seed"], self.positions,
                     temperature=self.sampling["temperature"], top_k=self.sampling["top_k"],
                     top_p=self.sampling["top_p"], out=b["next"])
         # the new tokens now sit in the cache: the next step starts after them and sees one more
@@ -316,6 +317,10 @@ class Session:
 
     def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
         """Greedy (argmax) at temperature 0, else the device's sample op inside the step."""
+        if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1
+                and int(top_k) == top_k >= 0):
+            raise InvalidArgumentError(f"sampling: temperature {temperature} (finite, >= 0), "
+                                       f"top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
         sampling = None if temperature == 0 else dict(temperature=float(temperature),
                                                       top_k=int(top_k), top_p=float(top_p),
                                                       seed=int(seed))
@@ -343,16 +348,6 @@ class Session:
             self.stream.synchronize()
         self.logits = self.decode_buffers["logits"]
         return self.download(self.decode_buffers["ids"]).copy()
-
-
-def _op(name):
-    """A bitnet_ffi op looked up when called: the SiLU gate and sampling ops come with a newer
-    libbitnet than the relu2 path needs."""
-    fn = getattr(sys.modules[__package__], name, None)
-    if fn is None:
-        raise UnsupportedError(f"this build of bitnet_ffi has no {name} op (needed for SiLU-gated "
-                               "models or temperature > 0)")
-    return fn
 
 
 def _flat(array, rows, width):
