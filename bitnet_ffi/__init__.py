@@ -5,9 +5,9 @@ from ._arrays import DeviceArray
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Event, Graph, Stream
 from .device import detect, resolve, select
-from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CudaError,
-                     InternalError, InvalidArgumentError, LibraryNotFoundError, NoDeviceError,
-                     OutOfMemoryError, UnsupportedError)
+from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CorruptFileError,
+                     CudaError, InternalError, InvalidArgumentError, LibraryNotFoundError,
+                     NoDeviceError, OutOfMemoryError, UnsupportedError)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import glu_gate, relu2_gate, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
@@ -24,7 +24,7 @@ __all__ = [
     "add_int32", "glu_gate", "glu_rmsnorm_quantize", "sample", "library_version",
     "device_synchronize", "BitNetError", "InvalidArgumentError", "ArgumentTypeError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
-    "LibraryNotFoundError", "ConfigurationError",
+    "LibraryNotFoundError", "ConfigurationError", "CorruptFileError",
 ]
 
 __version__ = "0.1.0"

@@ -1,5 +1,6 @@
 """bitnet-ffi (or python -m bitnet_ffi) COMMAND: info (devices and selection), demo (the main
-job: a BitNet b1.58 2B4T decode through the library), tp (tensor-parallel decode over several GPUs)."""
+job: a BitNet b1.58 2B4T decode through the library), generate (text from a real
+checkpoint), tp (tensor-parallel decode over several GPUs)."""
 import argparse
 import json
 import os
@@ -69,6 +70,11 @@ def main(argv=None):
                                                    "2B4T-shaped model, with timings")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(run=demo.main)
+    from . import generate
+    generate_parser = commands.add_parser("generate", help="generate text with a real checkpoint "
+                                                           "(Hugging Face directory or GGUF)")
+    generate.add_arguments(generate_parser)
+    generate_parser.set_defaults(run=generate.main)
     from . import tp_demo
     tp_parser = commands.add_parser("tp", help="tensor-parallel decode over --tp GPUs, one "
                                                "process each")
@@ -79,7 +85,7 @@ def main(argv=None):
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return status
-    except BitNetError as exc:
+    except (BitNetError, FileNotFoundError) as exc:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -82,19 +82,27 @@ def run(args):
     report = {"tool": "demo", "summary": selection.summary(), "device": selection.selected}
     say = (lambda *a: None) if args.json else print
     say(selection.summary())
-    layers = args.layers or (BITNET_2B4T.layers if device != _arrays.CPU else CPU_DEFAULT_LAYERS)
-    if device == _arrays.CPU and not args.layers:
-        say(f"CPU run: {layers} of the {BITNET_2B4T.layers} layers by default (--layers to change)")
-    reduced = (f" for this {layers}-layer model, not the full {BITNET_2B4T.layers}"
-               if layers != BITNET_2B4T.layers else "")
-    config = Config(**{**BITNET_2B4T.__dict__, "layers": layers})
+    start = time.perf_counter()
+    if args.model:  # a real checkpoint, all its layers; random prompt ids in its vocabulary
+        from .generate import Model
+        weights = Model.load(args.model, device).weights
+        config, layers = weights.config, weights.config.layers
+        reduced = ""
+        say(f"weights: {args.model} loaded in {time.perf_counter() - start:.1f} s")
+    else:
+        layers = args.layers or (BITNET_2B4T.layers if device != _arrays.CPU
+                                 else CPU_DEFAULT_LAYERS)
+        if device == _arrays.CPU and not args.layers:
+            say(f"CPU run: {layers} of the {BITNET_2B4T.layers} layers by default (--layers to "
+                "change)")
+        reduced = (f" for this {layers}-layer model, not the full {BITNET_2B4T.layers}"
+                   if layers != BITNET_2B4T.layers else "")
+        config = Config(**{**BITNET_2B4T.__dict__, "layers": layers})
+        weights = random_weights(config, device, args.seed, progress("quantizing layers", layers))
+        say(f"weights: {plural(layers, 'layer')} quantized by quantize_i2s in "
+            f"{time.perf_counter() - start:.1f} s")
     context = args.prompt_len + args.tokens
     report.update(layers=layers, batch=args.batch, prompt_len=args.prompt_len, tokens=args.tokens)
-
-    start = time.perf_counter()
-    weights = random_weights(config, device, args.seed, progress("quantizing layers", layers))
-    say(f"weights: {plural(layers, 'layer')} quantized by quantize_i2s in "
-        f"{time.perf_counter() - start:.1f} s")
     session = Session(weights, args.batch, context + TIMED_REPLAYS + 1, device)
     prompt = np.random.default_rng(args.seed + 1).integers(0, config.vocab,
                                                            (args.batch, args.prompt_len))
@@ -103,7 +111,7 @@ def run(args):
     # The GPU queues a layer's work in microseconds: a bar there would only show the queueing.
     bar = progress("prefill", layers) if device == _arrays.CPU else None
     with Clock(session) as clock:
-        tokens = [session.prefill(prompt, bar)]
+        tokens = [session.prefill(prompt, progress=bar)]
     report["prefill_tokens_per_s"] = args.batch * args.prompt_len / clock.seconds
     say(f"prefill: {args.batch}x{args.prompt_len} tokens in {1e3 * clock.seconds:.1f} ms "
         f"({report['prefill_tokens_per_s']:.0f} tokens/s{reduced})")
@@ -140,7 +148,8 @@ def run(args):
     for kind, ms in report["op_ms"].items():
         say(f"  {kind:18s} {ms:8.3f} ms  {100 * ms / step_ms:5.1f}%")
 
-    if session.stream is not None and not args.no_torch:
+    two_b4t_layout = config.activation == "relu2" and config.sub_norms and config.tied_head
+    if session.stream is not None and not args.no_torch and two_b4t_layout:
         report.update(torch_comparison(weights, args, context))
         if "torch_ms_per_token" in report:
             say(f"PyTorch bf16, same model, CUDA graph: {report['torch_ms_per_token']:.3f} ms per "
@@ -185,7 +194,7 @@ def check(args):
     runs = {}
     for device in (_arrays.CPU, gpu):
         session = Session(random_weights(TINY, device, args.seed), 2, 32, device)
-        steps = [(session.prefill(prompt), session.download(session.prefill_logits).copy())]
+        steps = [(session.prefill(prompt), session.download(session.logits).copy())]
         for i in range(CHECK_STEPS - 1):
             forced = None if device == _arrays.CPU else runs[_arrays.CPU][i][0]
             tokens = session.decode(forced)
@@ -220,6 +229,8 @@ def at_least(low):
 def add_arguments(parser):
     parser.add_argument("--device",
                         help="auto, cpu, cuda or cuda:N (default: BITNET_DEVICE, else auto)")
+    parser.add_argument("--model", help="a checkpoint (model directory or .gguf) instead of "
+                                        "random weights")
     parser.add_argument("--layers", type=at_least(1),
                         help=f"layers of the model (default: {BITNET_2B4T.layers}, the full model, on "
                              f"a GPU; {CPU_DEFAULT_LAYERS} on the CPU)")

@@ -62,6 +62,11 @@ class ConfigurationError(BitNetError, ValueError):
     """A BITNET_* environment variable has a value that cannot be used."""
 
 
+class CorruptFileError(BitNetError, ValueError):
+    """A model file is truncated or malformed, or its tensors do not match the model (the
+    message names the file and the tensor)."""
+
+
 class CommunicationError(BitNetError, RuntimeError):
     """A collective between ranks failed: an NCCL error (``status`` is then the ncclResult_t), a
     libnccl that cannot be loaded, or a rank that could not start."""

@@ -11,6 +11,7 @@ ternary layer's input is quantized to int8 per token by the norm before it.
 On a GPU every buffer is a ``DeviceArray`` and the decode step is captured once as a CUDA graph and
 replayed: no host round trip, allocation or synchronization per token.
 """
+import math
 import time
 from dataclasses import dataclass
 
@@ -18,36 +19,16 @@ import numpy as np
 
 from . import _arrays, _ffi
 from .attention import attention, attention_workspace_size
+from .config import Config
 from .cuda_graph import Graph, Stream
+from .errors import InvalidArgumentError
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
-from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
-from .ternary import TernaryWeights, gemv_w2a8, quantize_i2s
+from .norm import add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .sampling import sample
+from .ternary import TernaryWeights, gemv_w2a8, quantize_a8, quantize_i2s
 
 BF16 = "bfloat16"
-
-
-@dataclass(frozen=True)
-class Config:
-    hidden: int = 2560
-    intermediate: int = 6912
-    layers: int = 30
-    heads: int = 20
-    kv_heads: int = 5
-    head_dim: int = 128
-    vocab: int = 128256
-    eps: float = 1e-5
-    theta: float = 500000.0
-
-    @property
-    def kv_dim(self):
-        return self.kv_heads * self.head_dim
-
-    def ternary_bytes(self):
-        """Packed weights and scales of every ternary layer: what one decode step must read."""
-        H, I = self.hidden, self.intermediate
-        rows_by_k = {H: H + 2 * self.kv_dim + H + 2 * I, I: H}
-        return self.layers * sum(rows * (k // 4 + 4) for k, rows in rows_by_k.items())
 
 
 BITNET_2B4T = Config()
@@ -62,9 +43,9 @@ class Layer:
     gate_up: object      # [2 I, H], scales per part (gate, up)
     down: object         # [H, I]
     attn_norm: object    # bfloat16 [H] each, the down sub-norm [I]
-    attn_sub_norm: object
     ffn_norm: object
-    ffn_sub_norm: object
+    attn_sub_norm: object = None  # None where the config has no sub-norms
+    ffn_sub_norm: object = None
 
 
 @dataclass
@@ -72,7 +53,12 @@ class Weights:
     config: Config
     layers: list
     final_norm: object
-    embedding: object    # bfloat16 [V, H], tied to the output head
+    embedding: object    # bfloat16 [V, H]
+    head: object = None  # bfloat16 [V, H]; None: tied to the embedding
+
+    @property
+    def output_head(self):
+        return self.embedding if self.head is None else self.head
 
 
 def random_weights(config, device, seed=0, progress=None):
@@ -106,8 +92,9 @@ def random_weights(config, device, seed=0, progress=None):
 class Session:
     """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
 
-    ``prefill(prompt)`` runs a [batch, P] prompt and returns the first greedy tokens; ``decode()``
-    then produces one token per sequence per call. ``only`` (a set of op kinds) makes a step issue
+    ``prefill(prompt)`` runs a [batch, P] prompt and returns the first tokens; ``decode()`` then
+    produces one token per sequence per call, ``extend(ids)`` appends a block of tokens (a chat
+    turn), ``logits`` is the float32 [batch, V] of the last step. ``only`` (a set of op kinds) makes a step issue
     just those ops, for the per-op time breakdown."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
@@ -127,6 +114,8 @@ class Session:
         self.seq_lens = self.alloc((batch,), "int32")
         self.decode_buffers = self.buffers(1)
         self.graph = None
+        self.sampling = None
+        self.logits = None
 
     def alloc(self, shape, dtype):
         if self.device == _arrays.CPU:
@@ -159,7 +148,7 @@ class Session:
         q_shape = (self.batch, steps, c.heads, c.head_dim)
         kv_shape = (self.batch, steps, c.kv_heads, c.head_dim)
         b = {"ids": self.alloc((N,), "int32"), "h": self.alloc((N, H), BF16),
-             "x_q": self.alloc((N, I), "int8"), "x_s": self.alloc((N,), "float32"),
+             "x_q": self.alloc((N, max(H, I)), "int8"), "x_s": self.alloc((N,), "float32"),
              "attn": self.alloc(q_shape, BF16),
              "proj": self.alloc((N, H), BF16), "gate_up": self.alloc((N, 2 * I), BF16),
              "y": self.alloc((N, H), BF16),
@@ -195,17 +184,29 @@ class Session:
         self.times[kind] = self.times.get(kind, 0.0) + time.perf_counter() - start
         return result
 
-    def norm_quantize(self, x, weight, b, residual=None, gated=False):
+    def norm_quantize(self, x, weight, b, residual=None):
         """int8 rows of rmsnorm(x), or of rmsnorm(residual += x), for the next ternary layer;
-        `gated`: of rmsnorm(relu2_gate(x)), x being the [rows, 2 * width] gate|up projection."""
-        rows, width = x.shape[0], weight.shape[0]
+        with no weight (a model without that sub-norm), of x itself."""
+        rows, width = x.shape[0], x.shape[1]
         x_q, x_s = _flat(b["x_q"], rows, width), b["x_s"][:rows]
-        if gated:
-            self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, x, weight, eps=self.config.eps,
-                    out=(x_q, x_s))
+        if weight is None:
+            self.op("rmsnorm (+int8)", quantize_a8, x, out=(x_q, x_s))
         else:
             self.op("rmsnorm (+int8)", rmsnorm_quantize, x, weight, eps=self.config.eps,
                     residual=residual, out=(x_q, x_s))
+        return x_q, x_s
+
+    def gate_quantize(self, gate_up, weight, b):
+        """int8 rows of [rmsnorm](act(gate) * up) from the [rows, 2 I] gate|up projection."""
+        c = self.config
+        rows = gate_up.shape[0]
+        x_q, x_s = _flat(b["x_q"], rows, c.intermediate), b["x_s"][:rows]
+        if c.activation == "relu2" and weight is not None:
+            self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, gate_up, weight, eps=c.eps,
+                    out=(x_q, x_s))
+        else:
+            self.op("rmsnorm (+int8)", glu_rmsnorm_quantize, gate_up, weight,
+                    activation=c.activation, eps=c.eps, out=(x_q, x_s))
         return x_q, x_s
 
     def project(self, weights, x_q, x_s, out):
@@ -232,10 +233,10 @@ class Session:
                     causal=True, seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"])
             a_q, a_s = self.norm_quantize(_flat(b["attn"], N, c.hidden), layer.attn_sub_norm, b)
             self.project(layer.o, a_q, a_s, b["proj"])
-            # FFN block: h += down(sub_norm(relu2(gate) * up)), its input norm fused with the add
+            # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
             f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
             self.project(layer.gate_up, f_q, f_s, b["gate_up"])
-            g_q, g_s = self.norm_quantize(b["gate_up"], layer.ffn_sub_norm, b, gated=True)
+            g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
             self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
             if progress:
@@ -246,8 +247,13 @@ class Session:
         if steps > 1:  # only each sequence's last token goes through the output head
             self.op("output head", embedding, b["y"], b["last_rows"], out=b["last"])
             last = b["last"]
-        self.op("output head", gemv_bf16, w.embedding, last, out=b["logits"])
-        self.op("argmax", argmax, b["logits"], out=b["next"])
+        self.op("output head", gemv_bf16, w.output_head, last, out=b["logits"])
+        if self.sampling is None:
+            self.op("argmax", argmax, b["logits"], out=b["next"])
+        else:  # the draw of row n is a function of (seed, n, positions[n])
+            self.op("argmax", sample, b["logits"], self.sampling["seed"], self.positions,
+                    temperature=self.sampling["temperature"], top_k=self.sampling["top_k"],
+                    top_p=self.sampling["top_p"], out=b["next"])
         # the new tokens now sit in the cache: the next step starts after them and sees one more
         self.op("bookkeeping", add_int32, self.positions, steps)
         self.op("bookkeeping", add_int32, self.seq_lens, 1)
@@ -268,21 +274,58 @@ class Session:
             self.project(part, x_q, x_s, out)
             start += rows
 
-    def prefill(self, prompt, progress=None):
-        """Runs a [batch, P] int prompt; returns the first greedy token of each sequence.
-        progress: as forward's."""
-        prompt = np.asarray(prompt, dtype=np.int32)
-        steps = prompt.shape[1]
-        b = self.buffers(steps)
-        self.upload(prompt.reshape(-1), b["ids"])
+    def prefill(self, prompt, lengths=None, progress=None):
+        """Starts every sequence afresh with a [batch, P] prompt (row b's first lengths[b] ids,
+        all P by default); returns the next token of each sequence. progress: as forward's."""
         self.upload(np.zeros(self.batch, dtype=np.int32), self.positions)
-        self.upload(np.full(self.batch, steps, dtype=np.int32), self.seq_lens)
+        return self.extend(prompt, lengths, progress)
+
+    def extend(self, ids, lengths=None, progress=None):
+        """Appends a [batch, T] block of ids (row b's first lengths[b]) to every sequence at its
+        position and returns the next token of each (argmax, or drawn as set_sampling says).
+        Rows are right-padded: a padding token's cache row is overwritten by the next step.
+        progress: as forward's."""
+        ids = np.asarray(ids, dtype=np.int32)
+        steps = ids.shape[1]
+        lengths = np.full(self.batch, steps) if lengths is None else np.asarray(lengths)
+        start = self.download(self.positions).copy()
+        if ids.shape[0] != self.batch or lengths.shape != (self.batch,) or \
+                (lengths < 1).any() or (lengths > steps).any():
+            raise InvalidArgumentError(f"extend: expected ids [{self.batch}, T] and {self.batch} "
+                                       f"lengths in [1, T], got {list(ids.shape)} and {lengths}")
+        if (start + steps > self.capacity).any():
+            raise InvalidArgumentError(f"extend: {steps} more tokens overflow the KV cache of "
+                                       f"{self.capacity} (positions {start.tolist()})")
+        b = self.buffers(steps)
+        self.upload(ids.reshape(-1), b["ids"])
+        if steps > 1:
+            self.upload(np.arange(self.batch) * steps + lengths - 1, b["last_rows"])
+        self.upload(start + steps, self.seq_lens)
         self.forward(b, steps, progress)
         self.synchronize()
-        self.prefill_logits = b["logits"]
+        self.upload(start + lengths, self.positions)
+        self.upload(start + lengths + 1, self.seq_lens)
+        self.logits = b["logits"]
         first = self.download(b["next"]).copy()
         self.upload(first, self.decode_buffers["ids"])
         return first
+
+    def rewind(self, length):
+        """Forgets every sequence's tokens from `length` on (their cache rows get overwritten)."""
+        self.upload(np.full(self.batch, length, dtype=np.int32), self.positions)
+        self.upload(np.full(self.batch, length + 1, dtype=np.int32), self.seq_lens)
+
+    def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        """Greedy (argmax) at temperature 0, else the device's sample op inside the step."""
+        if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1
+                and int(top_k) == top_k >= 0):
+            raise InvalidArgumentError(f"sampling: temperature {temperature} (finite, >= 0), "
+                                       f"top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
+        sampling = None if temperature == 0 else dict(temperature=float(temperature),
+                                                      top_k=int(top_k), top_p=float(top_p),
+                                                      seed=int(seed))
+        if sampling != self.sampling:
+            self.sampling, self.graph = sampling, None  # the captured step bakes them in
 
     def capture(self):
         """The decode step as a CUDA graph (GPU only)."""
@@ -303,6 +346,7 @@ class Session:
                 self.graph = self.capture()
             self.graph.launch()
             self.stream.synchronize()
+        self.logits = self.decode_buffers["logits"]
         return self.download(self.decode_buffers["ids"]).copy()
 
 

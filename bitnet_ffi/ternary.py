@@ -170,7 +170,7 @@ def pack_ternary(w_q, scales, stream=None):
     return TernaryWeights(packed, scales)
 
 
-def quantize_a8(x, stream=None):
+def quantize_a8(x, out=None, stream=None):
     """Per-token absmax int8 quantization of activations.
 
     ``s = 127 / max(max|x[n]|, 1e-5)``, ``x_q = clamp(rint(x * s), -128, 127)``, in float32.
@@ -179,20 +179,28 @@ def quantize_a8(x, stream=None):
     Parameters
     ----------
     x : float32, float16 or bfloat16 array [K] or [N, K], K a multiple of 128
+    out : optional (x_q, s): int8 of x's shape and float32 [N] ([1] for 1-D x), on x's device
 
     Returns
     -------
     (x_q, s) : int8 array of x's shape and float32 scales [N] ([1] for 1-D x), on x's device
     """
-    arrays, device, handle = _arrays.prepare({"x": x}, stream)
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 2):
+        raise InvalidArgumentError("out: expected a pair (x_q, s)")
+    x_q, s = out if out is not None else (None, None)
+    arrays, device, handle = _arrays.prepare({"x": x, "x_q": x_q, "s": s}, stream,
+                                             writes=("x_q", "s"), optional=("x_q", "s"))
     xa = arrays["x"]
     N, K, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", FLOAT_DTYPES, (*lead, K))
-    x_q = _arrays.new_like(xa, (*lead, K), "int8")
-    s = _arrays.new_like(xa, (N,), "float32")
+    if out is None:
+        x_q = _arrays.new_like(xa, (*lead, K), "int8")
+        s = _arrays.new_like(xa, (N,), "float32")
+        arrays["x_q"], arrays["s"] = _arrays.as_array(x_q, "x_q"), _arrays.as_array(s, "s")
+    _arrays.check(arrays["x_q"], "x_q", "int8", (*lead, K))
+    _arrays.check(arrays["s"], "s", "float32", (N,))
     _ffi.call("quantize_a8", device, xa.cptr(), DTYPE_CODES[xa.dtype], N, K,
-              _arrays.as_array(x_q, "x_q").cptr("int8_t *"),
-              _arrays.as_array(s, "s").cptr("float *"), _void(handle))
+              arrays["x_q"].cptr("int8_t *"), arrays["s"].cptr("float *"), _void(handle))
     return x_q, s
 
 

@@ -102,7 +102,7 @@ def run_session(device, seed, decode_steps, forced=None):
     session = Session(weights, 2, 24, device)
     prompt = np.random.default_rng(seed + 1).integers(0, TINY.vocab, (2, 7))
     first = session.prefill(prompt)
-    steps = [(f64(session.prefill_logits), first)]
+    steps = [(f64(session.logits), first)]
     for i in range(decode_steps):
         tokens = session.decode(None if forced is None else forced[i][1])
         steps.append((f64(session.decode_buffers["logits"]), tokens))

@@ -276,3 +276,19 @@ def test_quantize_a8_gpu_non_finite_token_gives_nan(rng, dtype, special):
     assert np.isnan(y[3]).all() and np.isfinite(np.delete(y, 3, axis=0)).all()
 
 
+@pytest.mark.cpu
+def test_quantize_a8_into_given_buffers(rng):
+    """out=(x_q, s) writes the caller's buffers (allocation-free, for a captured decode step),
+    exactly what the allocating form returns; wrong buffers are refused untouched."""
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x_q, s = np.full((3, 256), 99, np.int8), np.full(3, np.nan, np.float32)
+    assert bn.quantize_a8(x, out=(x_q, s))[0] is x_q
+    expected_q, expected_s = bn.quantize_a8(x)
+    np.testing.assert_array_equal(x_q, expected_q)
+    np.testing.assert_array_equal(s, expected_s)
+    bad_q = np.full((3, 128), 99, np.int8)
+    with pytest.raises(InvalidArgumentError, match="x_q"):
+        bn.quantize_a8(x, out=(bad_q, s))
+    assert (bad_q == 99).all()
+    with pytest.raises(InvalidArgumentError, match="pair"):
+        bn.quantize_a8(x, out=x_q)

@@ -172,7 +172,7 @@ def test_split_model_matches_the_unsplit_one_on_simulated_ranks():
         assert error.max() < 1e-3, error
     session = model.Session(weights, 1, 32, CPU)
     session.prefill(np.array([PROMPT]))
-    logits = [session.download(session.prefill_logits)[0].copy()]
+    logits = [session.download(session.logits)[0].copy()]
     for t in FORCED[:-1]:
         session.decode([t])
         logits.append(session.download(session.decode_buffers["logits"])[0].copy())

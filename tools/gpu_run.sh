@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds for sm_90 and runs, on a GPU machine, the stages named as arguments, logging to $OUT (or
 # ./gpu-logs): tiers (tiers 1-3 under BITNET_STRICT_MODE=1), demo (--check, then the main job as
-# JSON at batch 1 and 8, and their tables), bench (the GEMV, RMSNorm and attention benchmarks).
-#   tools/gpu_run.sh tiers demo bench
+# JSON at batch 1 and 8, and their tables), bench (the GEMV, RMSNorm and attention benchmarks),
+# models (tier 3 of tests/test_models.py, then a full-size random checkpoint in 2B4T's layout:
+# load to first token and generate's decode beside the demo's at the same shapes).
+#   tools/gpu_run.sh tiers demo bench models
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-logs}
@@ -29,6 +31,19 @@ for stage in "$@"; do
                 || status=1
             tail -5 "$out/bench_$op.log"
         done ;;
+    models)
+        BITNET_STRICT_MODE=1 python3 -m pytest tests/test_models.py -m gpu -q -p no:cacheprovider \
+            -rs > "$out/models_tier3.log" 2>&1 || status=1
+        tail -5 "$out/models_tier3.log"
+        python3 tools/make_fixtures.py --full-size /tmp/bitnet-2b4t-random > "$out/full.log" 2>&1 \
+            || { tail -5 "$out/full.log"; status=1; }
+        python3 tools/bench_generate.py /tmp/bitnet-2b4t-random --json \
+            > "$out/bench_generate.json" 2>> "$out/models.err" || status=1
+        cat "$out/bench_generate.json"
+        python3 -m bitnet_ffi demo --json --no-torch --prompt-len 960 --tokens 64 \
+            > "$out/demo_same_shapes.json" 2>> "$out/models.err" || status=1
+        python3 -c "import json, sys; print('demo decode ms/token:', \
+json.load(open(sys.argv[1]))['decode_ms_per_token'])" "$out/demo_same_shapes.json" ;;
     *) echo "unknown stage $stage"; status=1 ;;
     esac
 done

@@ -1,0 +1,143 @@
+"""Text to token ids and back with Hugging Face ``tokenizers``: from a model directory's
+tokenizer.json, or built from the vocabulary, merges and special tokens a GGUF file embeds. Also
+the chat format: the files' jinja2 chat template, else BitNet b1.58 2B4T's."""
+import json
+import os
+
+from .errors import CorruptFileError, UnsupportedError
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GGUF_PRE_TOKENIZERS = ("llama-bpe", "llama3", "gpt2", "default")
+EOT = "<|eot_id|>"
+BOS = "<|begin_of_text|>"
+
+
+class Tokenizer:
+    """``encode(text)`` (the bos id first when the model has one), ``decode(ids)``,
+    ``chat(messages)`` (ids of the conversation so far plus the assistant's prompt), ``stop_ids``
+    (generation ends at any of them)."""
+
+    def __init__(self, tokenizer, bos_id=None, stop_ids=(), chat_template=None, source=""):
+        self.tokenizer, self.bos_id, self.source = tokenizer, bos_id, source
+        self.stop_ids = frozenset(int(i) for i in stop_ids)
+        self.chat_template = chat_template
+
+    @classmethod
+    def from_directory(cls, directory, config=None):
+        from tokenizers import Tokenizer as HFTokenizer
+        path = os.path.join(directory, "tokenizer.json")
+        try:
+            tokenizer = HFTokenizer.from_file(path)
+        except Exception as exc:
+            raise CorruptFileError(f"{path}: not a readable tokenizer.json ({exc})") from None
+        settings = {}
+        for name in ("tokenizer_config.json", "generation_config.json"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    settings[name] = json.load(f)
+            except FileNotFoundError:
+                settings[name] = {}
+            except ValueError as exc:
+                raise CorruptFileError(f"{os.path.join(directory, name)}: not JSON ({exc})") from None
+        tc, gc = settings["tokenizer_config.json"], settings["generation_config.json"]
+
+        def token_id(token):
+            token = token.get("content") if isinstance(token, dict) else token
+            return tokenizer.token_to_id(token) if token else None
+
+        bos = config.bos_id if config is not None and config.bos_id is not None else None
+        bos = bos if bos is not None else token_id(tc.get("bos_token"))
+        stops = set(config.eos_ids if config is not None else ())
+        eos = gc.get("eos_token_id")
+        stops.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        stops.update(i for i in (token_id(tc.get("eos_token")), tokenizer.token_to_id(EOT))
+                     if i is not None)
+        return cls(tokenizer, bos, stops, tc.get("chat_template"), path)
+
+    @classmethod
+    def from_gguf(cls, metadata, source="GGUF"):
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+        kind = metadata.get("tokenizer.ggml.model")
+        pre = metadata.get("tokenizer.ggml.pre", "default")
+        if kind != "gpt2" or pre not in GGUF_PRE_TOKENIZERS:
+            raise UnsupportedError(f"{source}: tokenizer {kind!r} with pre-tokenizer {pre!r} is "
+                                   f"not supported (byte-level BPE, 'gpt2', with "
+                                   f"{', '.join(GGUF_PRE_TOKENIZERS)})")
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        merges = metadata.get("tokenizer.ggml.merges")
+        if not tokens or merges is None:
+            raise CorruptFileError(f"{source}: tokenizer.ggml.tokens or .merges is missing")
+        bpe = models.BPE({t: i for i, t in enumerate(tokens)},
+                         [tuple(m.split(" ", 1)) for m in merges])
+        tokenizer = HFTokenizer(bpe)
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                              use_regex=pre in ("gpt2", "default"))
+        tokenizer.pre_tokenizer = byte_level if pre in ("gpt2", "default") else \
+            pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"),
+                                     byte_level])
+        tokenizer.decoder = decoders.ByteLevel()
+        types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                      for t, kind in zip(tokens, types) if kind in (3, 4)])
+        stops = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
+        if tokenizer.token_to_id(EOT) is not None:
+            stops.append(tokenizer.token_to_id(EOT))
+        return cls(tokenizer, metadata.get("tokenizer.ggml.bos_token_id"),
+                   [s for s in stops if s is not None], metadata.get("tokenizer.chat_template"),
+                   source)
+
+    @property
+    def vocab_size(self):
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text, bos=True):
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if bos and self.bos_id is not None else []) + ids
+
+    def decode(self, ids):
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def chat_text(self, messages, add_generation_prompt=True):
+        """The conversation as text: the chat template where the files have one, else 2B4T's
+        format (bos, then "Role: content<|eot_id|>" per message, then "Assistant: ")."""
+        if self.chat_template:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message):
+                raise UnsupportedError(f"{self.source}: chat template: {message}")
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            bos = self.tokenizer.id_to_token(self.bos_id) if self.bos_id is not None else ""
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
+                eos_token=EOT)
+        text = BOS + "".join(f"{m['role'].capitalize()}: {m['content']}{EOT}" for m in messages)
+        return text + ("Assistant: " if add_generation_prompt else "")
+
+    def chat(self, messages, add_generation_prompt=True):
+        """Token ids of chat_text (special tokens in it are read as such)."""
+        return self.encode(self.chat_text(messages, add_generation_prompt), bos=False)
+
+
+class TextStream:
+    """Incremental decoding: ``push(id)`` returns the text the new token completes. A token may
+    end inside a multi-byte character: its bytes wait for the next token. (Byte-level BPE decodes
+    piece by piece exactly.)"""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.pending = tokenizer, []
+
+    def push(self, token):
+        self.pending.append(int(token))
+        text = self.tokenizer.decode(self.pending)
+        if text.endswith("\ufffd"):
+            return ""
+        self.pending = []
+        return text
+
+    def flush(self):
+        """The text still waiting (an incomplete character at the end, decoded as it is)."""
+        text, self.pending = self.tokenizer.decode(self.pending), []
+        return text

@@ -1,0 +1,595 @@
+"""Real checkpoints: every fixture of tests/fixtures/models (written by tools/make_fixtures.py
+with transformers' save_pretrained, and GGUF files of the same weights) loads, its logits match
+transformers' and its greedy tokens agree; every format of one model gives the same weights; bad
+files are refused with errors that name the file and the tensor.
+
+The oracle is transformers in float32 (reference.npz). Bounds:
+- Logits: the relative L2 error of every step must stay under LOGIT_BOUND times the largest error
+  of transformers' own bfloat16 run of the same model and tokens (also stored) over the 32 steps. This library keeps
+  activations, the residual stream and attention's probabilities in bfloat16, as that run does;
+  the int8 activation rounding then amplifies a difference that flips one rounding (a whole
+  token's int8 scale moves with its largest value), which is why the errors are a few percent
+  for both, not bfloat16's 0.4%.
+- Greedy tokens: each step is fed transformers' token (teacher forcing), so all 32 steps compare;
+  our argmax must equal transformers' wherever its top-2 margin is at least MARGIN standard
+  deviations of its logits. Our per-logit error is about 0.04 of that deviation (rel. error x
+  rms), so a 0.2 margin is over 3.5 standard deviations of the difference of two errors; closer
+  calls flip between any two correct implementations.
+"""
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+import bitnet_ffi
+from bitnet_ffi import _arrays
+from bitnet_ffi.config import Config
+from bitnet_ffi.errors import CorruptFileError, InvalidArgumentError, UnsupportedError
+from bitnet_ffi.generate import Model
+from bitnet_ffi.loader import hf_packed_to_ternary, i2s_to_ternary
+from bitnet_ffi.tokenizer import Tokenizer
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
+LOGIT_BOUND, MARGIN, STEPS = 1.0, 0.2, 32
+HF = ["bitnet-packed", "bitnet-bitlinear", "bitnet-bf16", "llama-silu"]
+GGUF = {"bitnet-packed-i2_s.gguf": "bitnet-packed", "bitnet-packed-tq2_0.gguf": "bitnet-packed",
+        "bitnet-packed-tq1_0.gguf": "bitnet-packed", "llama-silu-tq2_0.gguf": "llama-silu"}
+DEVICES = [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def fixture(name):
+    return os.path.join(FIXTURES, name)
+
+
+def reference(name):
+    return np.load(os.path.join(FIXTURES, GGUF.get(name, name), "reference.npz"))
+
+
+def relative(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def top2_margin(logits):
+    top = np.sort(logits)[-2:]
+    return (top[1] - top[0]) / logits.std()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", HF + list(GGUF))
+def test_fixture_matches_transformers(name, device):
+    model = Model.load(fixture(name), device=device, progress=False)
+    ref = reference(name)
+    prompts = [ref["prompt0"], ref["prompt1"]]  # of different lengths: one batch, right-padded
+    padded = np.zeros((2, max(map(len, prompts))), np.int32)
+    for b, p in enumerate(prompts):
+        padded[b, :len(p)] = p
+    session = model.session(2, 128)
+    tokens = session.prefill(padded, [len(p) for p in prompts])
+    bounds = [LOGIT_BOUND * max(relative(h, f) for h, f in zip(ref[f"logits_bf16_{b}"],
+                                                                 ref[f"logits{b}"]))
+              for b in range(2)]
+    compared = 0
+    for step in range(STEPS):
+        logits = session.download(session.logits).astype(np.float64)
+        for b in range(2):
+            expected, bound = ref[f"logits{b}"][step], bounds[b]
+            error = relative(logits[b], expected)
+            assert error <= bound, f"{name} sequence {b} step {step}: logits error {error:.4f} > {bound:.4f}"
+            if top2_margin(expected) >= MARGIN:
+                assert tokens[b] == ref[f"tokens{b}"][step], f"{name} sequence {b} step {step}"
+                compared += 1
+        tokens = session.decode([ref["tokens0"][step], ref["tokens1"][step]])
+    assert compared >= STEPS  # of the 64 steps, at least half have a clear greedy choice
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_generate_is_the_greedy_path_of_transformers(device):
+    """Free-running greedy generation (a batch of two prompts) follows transformers' tokens up to
+    the first step whose margin is under MARGIN."""
+    model = Model.load(fixture("bitnet-packed"), device=device, progress=False)
+    ref = reference("bitnet-packed")
+    results = model.generate([ref["prompt0"].tolist(), ref["prompt1"].tolist()],
+                             max_tokens=STEPS, stop=False)
+    for b, result in enumerate(results):
+        assert len(result.ids) == STEPS
+        for step in range(STEPS):
+            if top2_margin(ref[f"logits{b}"][step]) < MARGIN:
+                break
+            assert result.ids[step] == ref[f"tokens{b}"][step], f"sequence {b} step {step}"
+        assert step > 0
+        assert result.text == model.tokenizer.decode(result.ids)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", ["bitnet-bitlinear", "bitnet-packed-i2_s.gguf",
+                                  "bitnet-packed-tq2_0.gguf", "bitnet-packed-tq1_0.gguf"])
+def test_formats_hold_the_same_weights(name):
+    """Every container and scale convention of bitnet-packed's weights loads to the same packed
+    bytes and scales, so the logits are the same to the bit."""
+    a = Model.load(fixture("bitnet-packed"), device="cpu", progress=False)
+    b = Model.load(fixture(name), device="cpu", progress=False)
+    assert a.config == b.config or (a.config.vocab, a.config.hidden) == (b.config.vocab, b.config.hidden)
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        for part in ("qkv", "o", "gate_up", "down"):
+            np.testing.assert_array_equal(getattr(la, part).packed, getattr(lb, part).packed)
+            np.testing.assert_array_equal(getattr(la, part).scales, getattr(lb, part).scales)
+        for part in ("attn_norm", "ffn_norm", "attn_sub_norm", "ffn_sub_norm"):
+            np.testing.assert_array_equal(getattr(la, part), getattr(lb, part))
+    np.testing.assert_array_equal(a.weights.embedding, b.weights.embedding)
+    prompt = reference("bitnet-packed")["prompt0"]
+    logits = []
+    for model in (a, b):
+        session = model.session(1, 32)
+        session.prefill([prompt])
+        logits.append(session.logits.copy())
+    np.testing.assert_array_equal(logits[0], logits[1])
+
+
+@pytest.mark.cpu
+def test_gguf_float_codes_with_a_scale_tensor_hold_the_same_weights(tmp_path):
+    """bitnet.cpp's unquantized export: F16 codes and a separate `.scale` tensor. Written here
+    from bitnet-packed's tensors with the fixture writer; loads to the same weights."""
+    import sys
+    from tokenizers import Tokenizer as HFTokenizer
+    from bitnet_ffi.safetensors_file import SafetensorsCheckpoint
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    from make_fixtures import write_gguf
+    st = SafetensorsCheckpoint(fixture("bitnet-packed"))
+    weights, ternaries = {}, {}
+    for n in st.names():
+        if st.dtype(n) == "uint8":  # transformers' packing: row k * O/4 + r in bits 2k of row r
+            P = np.asarray(st.tensor(n))
+            codes = np.concatenate([((P >> 2 * k) & 3).astype(np.int8) - 1 for k in range(4)])
+            scale = float(np.asarray(st.tensor(n + "_scale"), np.float32)[0])
+            ternaries[n[:-len(".weight")]] = (codes, scale)
+        elif not n.endswith(".weight_scale"):
+            weights[n] = np.asarray(st.tensor(n), np.float32)
+    config = json.load(open(os.path.join(fixture("bitnet-packed"), "config.json")))
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    path = str(tmp_path / "f16.gguf")
+    write_gguf(path, "bitnet-25", config, weights, ternaries, "F16",
+               HFTokenizer.from_file(os.path.join(fixture("bitnet-packed"), "tokenizer.json")))
+    a, b = load(fixture("bitnet-packed")), load(path)
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        for part in ("qkv", "o", "gate_up", "down"):
+            np.testing.assert_array_equal(getattr(la, part).packed, getattr(lb, part).packed)
+            np.testing.assert_array_equal(getattr(la, part).scales, getattr(lb, part).scales)
+
+
+@pytest.mark.cpu
+def test_llama_gguf_undoes_the_qk_permutation():
+    """llama.cpp stores a llama model's q/k rows permuted; the loader restores HF's order."""
+    a = Model.load(fixture("llama-silu"), device="cpu", progress=False)
+    b = Model.load(fixture("llama-silu-tq2_0.gguf"), device="cpu", progress=False)
+    assert (b.config.head_dim, b.config.activation, b.config.sub_norms, b.config.tied_head) == \
+        (256, "silu", False, False)
+    assert a.config.theta == b.config.theta == 1000042.0
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        np.testing.assert_array_equal(la.qkv.packed, lb.qkv.packed)
+        np.testing.assert_array_equal(la.qkv.scales, lb.qkv.scales)
+        assert la.attn_sub_norm is None and lb.attn_sub_norm is None
+    np.testing.assert_array_equal(a.weights.head, b.weights.head)
+
+
+# ---- the layout conversions against the formulas, on random codes ---------------------------
+
+@pytest.mark.cpu
+def test_hf_packing_converts_exactly(rng):
+    O, I = 96, 256
+    codes = rng.integers(0, 3, (O, I)).astype(np.uint8)
+    R = O // 4
+    packed = codes[:R] | (codes[R:2 * R] << 2) | (codes[2 * R:3 * R] << 4) | (codes[3 * R:] << 6)
+    ours = hf_packed_to_ternary(packed, "test")
+    got = bitnet_ffi.TernaryWeights(ours, np.ones(O, np.float32)).unpack()
+    np.testing.assert_array_equal(got, codes.astype(np.int8) - 1)
+
+
+@pytest.mark.cpu
+def test_i2s_converts_exactly(rng):
+    O, I = 8, 384
+    codes = rng.integers(0, 3, (O, I)).astype(np.uint8)
+    flat = codes.reshape(-1)
+    raw = np.zeros(O * I // 4 + 32, np.uint8)
+    for j in range(flat.size):  # the layout as bitnet.cpp documents it, one weight at a time
+        block, k = divmod(j, 128)
+        raw[32 * block + k % 32] |= flat[j] << (6 - 2 * (k // 32))
+    raw[O * I // 4:O * I // 4 + 4] = np.frombuffer(np.float32(0.375).tobytes(), np.uint8)
+    ours, scale = i2s_to_ternary(raw, O, I, "test")
+    assert scale == 0.375
+    got = bitnet_ffi.TernaryWeights(ours, np.ones(O, np.float32)).unpack()
+    np.testing.assert_array_equal(got, codes.astype(np.int8) - 1)
+
+
+# ---- configs ---------------------------------------------------------------------------------
+
+TWO_B4T = {"architectures": ["BitNetForCausalLM"], "hidden_act": "relu2", "hidden_size": 2560,
+           "intermediate_size": 6912, "num_hidden_layers": 30, "num_attention_heads": 20,
+           "num_key_value_heads": 5, "vocab_size": 128256, "rms_norm_eps": 1e-5,
+           "max_position_embeddings": 4096, "tie_word_embeddings": True, "bos_token_id": 128000,
+           "eos_token_id": 128001}
+
+
+@pytest.mark.cpu
+def test_config_reads_transformers_4_and_5():
+    v4 = Config.from_hf({**TWO_B4T, "rope_theta": 500000.0, "rope_scaling": None})
+    v5 = Config.from_hf({**TWO_B4T, "rope_parameters": {"rope_theta": 500000.0,
+                                                         "rope_type": "default"}})
+    assert v4 == v5 == Config(bos_id=128000, eos_ids=(128001,))
+    falcon = Config.from_hf({"architectures": ["LlamaForCausalLM"], "hidden_act": "silu",
+                             "hidden_size": 3072, "intermediate_size": 23040,
+                             "num_hidden_layers": 40, "num_attention_heads": 12,
+                             "num_key_value_heads": 4, "head_dim": 256, "vocab_size": 131072,
+                             "rms_norm_eps": 1e-6, "rope_theta": 1000042})
+    assert (falcon.head_dim, falcon.activation, falcon.sub_norms, falcon.tied_head) == \
+        (256, "silu", False, False)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("change, message", [
+    ({"architectures": ["GPT2LMHeadModel"]}, "not supported"),
+    ({"hidden_act": "gelu"}, "activation 'gelu'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "RoPE type 'llama3'"),
+    ({"intermediate_size": 8640}, "not a multiple of 128"),
+    ({"num_key_value_heads": 3}, "heads"),
+    ({"attention_bias": True}, "biases"),
+])
+def test_config_refuses_what_it_cannot_run(change, message):
+    with pytest.raises(UnsupportedError, match=message):
+        Config.from_hf({**TWO_B4T, **change})
+
+
+# ---- bad files -------------------------------------------------------------------------------
+
+def copy_fixture(tmp_path, name):
+    target = tmp_path / name
+    (shutil.copytree if os.path.isdir(fixture(name)) else shutil.copy)(fixture(name), target)
+    return target
+
+
+def edit_config(directory, **changes):
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def load(path):
+    return Model.load(path, device="cpu", progress=False)
+
+
+@pytest.mark.cpu
+def test_truncated_safetensors_is_refused(tmp_path):
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    f = d / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])
+    with pytest.raises(CorruptFileError, match=r"model\.safetensors: tensor .*truncated"):
+        load(d)
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(CorruptFileError, match="model.safetensors: header length"):
+        load(d)
+
+
+@pytest.mark.cpu
+def test_corrupt_safetensors_header_is_refused(tmp_path):
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[8:20] = b"#not json!!#"
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="model.safetensors: corrupt header"):
+        load(d)
+
+
+@pytest.mark.cpu
+def test_unknown_safetensors_dtype_is_refused(tmp_path):
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = data[8:8 + n].replace(b'"BF16"', b'"F8Q4"', 1)
+    f.write_bytes(data[:8] + header + data[8 + n:])
+    with pytest.raises(CorruptFileError, match="unknown dtype 'F8Q4'"):
+        load(d)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("change, error, message", [
+    ({"intermediate_size": 640}, CorruptFileError, r"tensor model\.layers\.0\.mlp\.gate_proj\.weight: packed shape"),
+    ({"num_hidden_layers": 3}, CorruptFileError, r"tensor model\.layers\.2\.\S+ is missing"),
+    ({"num_hidden_layers": 1}, CorruptFileError, r"tensor model\.layers\.1\.\S+ is not part of the model"),
+    ({"quantization_config": {"quant_method": "gptq"}}, UnsupportedError, "'gptq'"),
+])
+def test_checkpoint_that_does_not_match_its_config_is_refused(tmp_path, change, error, message):
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    edit_config(d, **change)
+    with pytest.raises(error, match=message):
+        load(d)
+
+
+@pytest.mark.cpu
+def test_gguf_truncated_or_corrupt_is_refused(tmp_path):
+    f = copy_fixture(tmp_path, "bitnet-packed-i2_s.gguf")
+    data = f.read_bytes()
+    f.write_bytes(data[:-5000])
+    with pytest.raises(CorruptFileError, match=r"i2_s\.gguf: tensor \S+: .*(truncated|does not fit)"):
+        load(f)
+    f.write_bytes(data[:4] + b"\xff" * 60 + data[64:])
+    with pytest.raises(CorruptFileError, match=r"i2_s\.gguf: not a readable GGUF file"):
+        load(f)
+
+
+@pytest.mark.cpu
+def test_gguf_unknown_architecture_and_type_are_refused(tmp_path):
+    f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
+    data = f.read_bytes()
+    f.write_bytes(data.replace(b"bitnet-25", b"bitnet-99"))
+    with pytest.raises(UnsupportedError, match="architecture 'bitnet-99'"):
+        load(f)
+    from gguf import GGUFReader
+    tensor = next(t for t in GGUFReader(fixture("bitnet-packed-tq2_0.gguf")).tensors
+                  if t.name == "blk.0.attn_output.weight")
+    type_at = tensor.field.offset + sum(p.nbytes for p in tensor.field.parts[:4])
+    patched = bytearray(data)
+    patched[type_at:type_at + 4] = struct.pack("<I", 99)
+    f.write_bytes(bytes(patched))
+    with pytest.raises(UnsupportedError, match=r"tensor blk\.0\.attn_output\.weight: type unknown type 99"):
+        load(f)
+
+
+@pytest.mark.cpu
+def test_gguf_per_block_scales_are_refused(tmp_path):
+    """TQ2_0 rows whose 256-weight blocks have different scales cannot be held exactly with one
+    scale per row: refused, not rounded."""
+    f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
+    from gguf import GGUFReader
+    tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
+    data = bytearray(f.read_bytes())
+    d_at = tensor.data_offset + 66 + 64  # the fp16 scale of row 0's second block
+    data[d_at:d_at + 2] = np.float16(0.1).tobytes()
+    f.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedError, match=r"tensor blk\.1\.ffn_down\.weight: TQ2_0 row 0 has "
+                                               "blocks with different scales"):
+        load(f)
+
+
+@pytest.mark.cpu
+def test_code_3_in_packed_weights_is_refused(tmp_path):
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    f = d / "model.safetensors"
+    from bitnet_ffi.safetensors_file import SafetensorsFile
+    st = SafetensorsFile(f)
+    name = "model.layers.1.mlp.down_proj.weight"
+    at = st.data_start + st.entries[name][2]
+    data = bytearray(f.read_bytes())
+    data[at] = 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match=rf"tensor {name}: holds the 2-bit code 3"):
+        load(d)
+
+
+@pytest.mark.gpu
+def test_failed_load_frees_the_device(tmp_path):
+    """Layers 0 and 1 reach the device, then layer 2 is missing: no device array stays alive."""
+    import gc
+
+    def live_device_arrays():
+        gc.collect()
+        return sum(isinstance(o, _arrays.DeviceArray) for o in gc.get_objects())
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    edit_config(d, num_hidden_layers=3)
+    before = live_device_arrays()
+    with pytest.raises(CorruptFileError, match="is missing") as caught:
+        Model.load(d, device="cuda", progress=False)
+    del caught
+    assert live_device_arrays() == before
+    model = Model.load(fixture("bitnet-packed"), device="cuda", progress=False)
+    assert live_device_arrays() > before + 20  # the count does see a loaded model
+    del model
+
+
+# ---- tokenizer, chat, CLI --------------------------------------------------------------------
+
+TEXTS = ["The quick brown fox", "Numbers: 12345 and 678!", "  spaces\nand newlines\n\n",
+         "<|begin_of_text|>User: hi<|eot_id|>", "héllo wörld ✓"]
+
+
+@pytest.mark.cpu
+def test_gguf_tokenizer_matches_tokenizer_json():
+    from_json = Tokenizer.from_directory(fixture("bitnet-packed"))
+    from bitnet_ffi.gguf_file import GGUFFile
+    from_gguf = Tokenizer.from_gguf(GGUFFile(fixture("bitnet-packed-i2_s.gguf")).metadata)
+    for text in TEXTS:
+        ids = from_json.encode(text)
+        assert from_gguf.encode(text) == ids
+        assert from_json.decode(ids) == from_gguf.decode(ids)
+    eot = from_json.tokenizer.token_to_id("<|eot_id|>")
+    assert eot in from_json.stop_ids and eot in from_gguf.stop_ids
+    assert from_json.bos_id == from_gguf.bos_id == from_json.tokenizer.token_to_id("<|begin_of_text|>")
+
+
+@pytest.mark.cpu
+def test_chat_format_and_template():
+    tok = Tokenizer.from_directory(fixture("bitnet-packed"))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert tok.chat_text(messages) == ("<|begin_of_text|>System: Be brief.<|eot_id|>"
+                                       "User: Hi<|eot_id|>Assistant: ")
+    ids = tok.chat(messages)
+    assert ids[0] == tok.bos_id and ids.count(tok.tokenizer.token_to_id("<|eot_id|>")) == 2
+    tok.chat_template = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+                         "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    assert tok.chat_text(messages) == "<|begin_of_text|>[system]Be brief.[user]Hi[assistant]"
+
+
+@pytest.mark.cpu
+def test_extend_after_rewind_equals_one_prefill():
+    """What the chat loop does between turns: keep the cache, rewind to the matching prefix,
+    prefill the rest. The logits equal one prefill of the whole conversation."""
+    model = load(fixture("bitnet-packed"))
+    ids = reference("bitnet-packed")["prompt1"].tolist()
+    session = model.session(1, 64)
+    session.prefill([ids])
+    whole = session.logits.copy()
+    session.prefill([ids[:5] + [7, 7, 7]])
+    session.rewind(5)
+    session.extend([ids[5:]])
+    np.testing.assert_allclose(session.logits, whole, rtol=0, atol=1e-4 * np.abs(whole).max())
+
+
+@pytest.mark.cpu
+def test_cli_generate_json(capsys):
+    from bitnet_ffi.cli import main
+    assert main(["generate", "--model", fixture("bitnet-packed"), "--prompt", "The quick brown",
+                 "--max-tokens", "8", "--device", "cpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    model = load(fixture("bitnet-packed"))
+    expected = model.generate("The quick brown", max_tokens=8)[0]
+    assert out["prompt_ids"] == expected.prompt_ids and out["generated_ids"] == expected.ids
+    assert out["text"] == expected.text
+    assert out["timings"]["prefill_tokens_per_s"] > 0
+
+
+@pytest.mark.cpu
+def test_generate_refuses_bad_requests():
+    model = load(fixture("bitnet-packed"))
+    with pytest.raises(InvalidArgumentError, match="prompt ids"):
+        model.generate([[model.config.vocab]])
+    with pytest.raises(InvalidArgumentError, match="exceed"):
+        model.generate("hi", max_tokens=model.config.max_positions)
+    with pytest.raises(InvalidArgumentError, match="temperature"):
+        model.generate("hi", temperature=-1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampling_is_reproducible(device):
+    model = Model.load(fixture("bitnet-packed"), device=device, progress=False)
+    runs = [model.generate(["The quick", "Numbers"], max_tokens=16, temperature=0.8, top_k=40,
+                           top_p=0.95, seed=s, stop=False) for s in (1, 1, 2)]
+    assert [r.ids for r in runs[0]] == [r.ids for r in runs[1]]
+    assert [r.ids for r in runs[0]] != [r.ids for r in runs[2]]
+
+
+@pytest.mark.cpu
+def test_demo_times_a_checkpoint(capsys):
+    from bitnet_ffi.cli import main
+    assert main(["demo", "--model", fixture("bitnet-packed-tq1_0.gguf"), "--device", "cpu",
+                 "--prompt-len", "8", "--tokens", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["layers"] == 2 and len(report["tokens_first_sequence"]) == 4
+    assert report["decode_ms_per_token"] > 0
+
+
+@pytest.mark.cpu
+def test_gguf_latent_float_weights_are_refused():
+    from bitnet_ffi.loader import float_to_codes
+    codes, m = float_to_codes(np.array([[0.5, -0.5, 0.0]], np.float16), "t")
+    assert m == 0.5 and codes.tolist() == [[1, -1, 0]]
+    with pytest.raises(UnsupportedError, match="t: float weights that are not ternary"):
+        float_to_codes(np.array([[0.5, -0.5, 0.25]], np.float16), "t")
+
+
+@pytest.mark.cpu
+def test_chat_keeps_the_cache_between_turns(monkeypatch, capsys):
+    """The second turn prefills only what follows the cached conversation, and its reply is
+    the one a fresh prefill of the whole conversation gives."""
+    import io
+    from bitnet_ffi import generate
+    from bitnet_ffi.model import Session
+    model = load(fixture("bitnet-packed"))
+    prefilled = []
+    extend = Session.extend
+    monkeypatch.setattr(Session, "extend",
+                        lambda self, ids, *a, **k: prefilled.append(len(ids[0])) or
+                        extend(self, ids, *a, **k))
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\nAnd then?\n\n"))
+    sampling = dict(max_tokens=6, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    assert generate.chat(model, sampling) == 0
+    replies = capsys.readouterr().out.splitlines()
+    monkeypatch.setattr(Session, "extend", extend)
+    assert len(replies) == 2
+    tok = model.tokenizer
+    first = [{"role": "user", "content": "Hello there"}]
+    conversation = tok.chat(first)
+    reply1 = model.generate([conversation], max_tokens=6)[0]
+    assert replies[0] == reply1.text
+    second = tok.chat(first + [{"role": "assistant", "content": reply1.text},
+                               {"role": "user", "content": "And then?"}])
+    cached = conversation + reply1.ids
+    common = next(i for i, (a, b) in enumerate(zip(second, cached + [-1])) if a != b)
+    assert common >= len(conversation) and prefilled == [len(conversation), len(second) - common]
+    reply2 = model.generate([second], max_tokens=6)[0]
+    assert replies[1] == reply2.text
+
+
+@pytest.mark.cpu
+def test_1bitllm_sub_norm_names(tmp_path):
+    """1bitLLM's BitnetForCausalLM names its sub-norms self_attn.inner_attn_ln and
+    mlp.ffn_layernorm: bitnet-packed renamed so (and kept relu2) loads to the same weights."""
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    f = d / "model.safetensors"
+    data = f.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = data[8:8 + n].replace(b"self_attn.attn_sub_norm", b"self_attn.inner_attn_ln")
+    header = header.replace(b"mlp.ffn_sub_norm", b"mlp.ffn_layernorm")
+    header += b" " * (-len(header) % 8)
+    f.write_bytes(struct.pack("<Q", len(header)) + header + data[8 + n:])
+    edit_config(d, architectures=["BitnetForCausalLM"], hidden_act="relu2")
+    a, b = load(fixture("bitnet-packed")), load(d)
+    assert b.config.sub_norms and b.config.activation == "relu2"
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        np.testing.assert_array_equal(la.attn_sub_norm, lb.attn_sub_norm)
+        np.testing.assert_array_equal(la.ffn_sub_norm, lb.ffn_sub_norm)
+
+
+def write_safetensors(path, tensors):
+    """tensors: name -> (dtype code, shape, raw bytes)."""
+    header, offset, blobs = {}, 0, []
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+@pytest.mark.cpu
+def test_sharded_checkpoint_loads_the_same(tmp_path):
+    from bitnet_ffi.safetensors_file import DTYPES, SafetensorsFile
+    d = copy_fixture(tmp_path, "bitnet-packed")
+    single = SafetensorsFile(d / "model.safetensors")
+    codes = {v: k for k, v in DTYPES.items()}
+    names = single.names()
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, part in shards.items():
+        write_safetensors(d / shard, {n: (codes[single.dtype(n)], single.shape(n),
+                                          single.tensor(n).tobytes()) for n in part})
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: s for s, part in shards.items() for n in part}}))
+    a, b = load(fixture("bitnet-packed")), load(d)
+    for la, lb in zip(a.weights.layers, b.weights.layers):
+        np.testing.assert_array_equal(la.gate_up.packed, lb.gate_up.packed)
+        np.testing.assert_array_equal(la.qkv.scales, lb.qkv.scales)
+    np.testing.assert_array_equal(a.weights.embedding, b.weights.embedding)
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors",
+                        names[1]: "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(CorruptFileError, match="listed in .*index.json, is not in the file"):
+        load(d)
+
+
+@pytest.mark.cpu
+def test_cli_errors_are_clear(capsys, tmp_path):
+    from bitnet_ffi.cli import main
+    assert main(["generate", "--model", str(tmp_path / "nothing"), "--prompt", "x",
+                 "--device", "cpu"]) == 2
+    assert "no such model directory or file" in capsys.readouterr().err
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["generate", "--model", str(tmp_path / "notes.txt"), "--prompt", "x",
+                 "--device", "cpu"]) == 2
+    assert "neither a model directory" in capsys.readouterr().err
