@@ -25,12 +25,6 @@ __device__ __forceinline__ bool valid_seq_len(int L, int C, int Sq, int causal) 
     return L <= C && L >= (causal ? Sq : 1);
 }
 
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <typename T> __device__ __forceinline__ T from_float(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half from_float(float x) { return __float2half(x); }
-
 __device__ __forceinline__ float2 to_float2(uint32_t pair, __nv_bfloat16) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pair));
 }

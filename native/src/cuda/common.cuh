@@ -8,6 +8,17 @@
 
 #include "../internal.h"
 
+/* float32 to and from the storage dtypes, rounding to nearest even. */
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
 bitnet_status bn_cuda_fail(cudaError_t err, const char *call, const char *file, int line);
 
 /* Evaluates a CUDA runtime call; on error, returns the mapped status from the enclosing function. */

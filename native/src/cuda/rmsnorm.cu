@@ -61,17 +61,6 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
     bn_pdl_launch_dependents();
 }
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-
 /* N consecutive elements, loaded and stored as one access (16 bytes for the vector paths). */
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack {
     T e[N];
