@@ -219,7 +219,8 @@ def stream_handle(stream):
 
 def prepare(named, stream=None, writes=(), optional=()):
     """Wraps each (name, obj) of ``named``, checks that all live on one device and that those
-    named in ``writes`` are writable, and returns (arrays, device, stream handle). Only the names in
+    named in ``writes`` are writable, and returns (arrays, device, stream) with the stream as the
+    ``void *`` the C ops take (NULL on the CPU). Only the names in
     ``optional`` may be None (and stay None). Without an explicit stream, a GPU op runs on the
     current stream of the caller's framework, so it orders with the caller's own work."""
     handle = None if stream is None else stream_handle(stream)  # checked on the CPU too
@@ -239,10 +240,10 @@ def prepare(named, stream=None, writes=(), optional=()):
             where = ", ".join(f"{n} on {device_name(x.device)}" for n, x in present)
             raise InvalidArgumentError(f"arrays are on different devices: {where}")
     if device == CPU:
-        return arrays, CPU, 0
-    if handle is not None:
-        return arrays, device, handle
-    return arrays, device, _framework_stream(present, device)
+        handle = 0
+    elif handle is None:
+        handle = _framework_stream(present, device)
+    return arrays, device, _ffi.ffi.cast("void *", handle)
 
 
 def _framework_stream(present, device):

@@ -77,7 +77,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
               ffi.NULL if lens is None else lens.cptr("int32_t *"), int(bool(causal)),
               0.0 if scale is None else float(scale), outa.cptr(),
               ffi.NULL if wsa is None else wsa.cptr(),
-              0 if wsa is None else wsa.size * _arrays.ITEMSIZE[wsa.dtype], ffi.cast("void *", handle))
+              0 if wsa is None else wsa.size * _arrays.ITEMSIZE[wsa.dtype], handle)
     return out
 
 

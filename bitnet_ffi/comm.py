@@ -58,7 +58,7 @@ class PeerBuffers:
             raise InvalidArgumentError(f"peer collectives of this group run on "
                                        f"{_arrays.device_name(self.device)}, got arrays on "
                                        f"{_arrays.device_name(device)}")
-        return arrays, _ffi.ffi.cast("void *", handle)
+        return arrays, handle
 
     def all_reduce(self, x, out, stream=None):
         """out = sum over ranks of x (float32 accumulation; out may have another float dtype)."""

@@ -38,7 +38,7 @@ def gemv_bf16(w, x, out_dtype="float32", out=None, stream=None):
         arrays["out"] = _arrays.as_array(out, "out")
     ya = _arrays.check(arrays["out"], "out", out_dtype, (*lead, M))
     _ffi.call("gemv_bf16", device, wa.cptr(), M, K, xa.cptr(), DTYPE_CODES[xa.dtype], N, ya.cptr(),
-              DTYPE_CODES[out_dtype], _ffi.ffi.cast("void *", handle))
+              DTYPE_CODES[out_dtype], handle)
     return out
 
 
@@ -64,7 +64,7 @@ def argmax(x, out=None, stream=None):
         arrays["out"] = _arrays.as_array(out, "out")
     oa = _arrays.check(arrays["out"], "out", "int32", lead)
     _ffi.call("argmax", device, xa.cptr("float *"), N, M, oa.cptr("int32_t *"),
-              _ffi.ffi.cast("void *", handle))
+              handle)
     return out
 
 
@@ -104,7 +104,7 @@ def embedding(table, ids, out=None, stream=None):
         arrays["out"] = _arrays.as_array(out, "out")
     oa = _arrays.check(arrays["out"], "out", tab.dtype, (N, H))
     _ffi.call("embedding", device, DTYPE_CODES[tab.dtype], tab.cptr(), V, H, ia.cptr("int32_t *"),
-              N, oa.cptr(), _ffi.ffi.cast("void *", handle))
+              N, oa.cptr(), handle)
     return out
 
 
@@ -114,5 +114,5 @@ def add_int32(x, delta, stream=None):
     arrays, device, handle = _arrays.prepare({"x": x}, stream, writes=("x",))
     xa = _arrays.check(arrays["x"], "x", "int32", (None,) * len(arrays["x"].shape))
     _ffi.call("add_int32", device, xa.cptr("int32_t *"), xa.size, _arrays.integer(delta, "delta"),
-              _ffi.ffi.cast("void *", handle))
+              handle)
     return x

@@ -61,7 +61,7 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
     pos = _arrays.int32_per_row(positions, "positions", B, qa, check_range)
     _ffi.call("rope_append_kv", device, DTYPE_CODES[qa.dtype], B, S, Hq, Hkv, D, qa.cptr(),
               ka.cptr(), arrays["v"].cptr(), kc.cptr(), arrays["v_cache"].cptr(), C,
-              pos.cptr("int32_t *"), float(theta), _ffi.ffi.cast("void *", handle))
+              pos.cptr("int32_t *"), float(theta), handle)
     return q
 
 
@@ -115,7 +115,7 @@ def glu_gate(gate_up, activation="relu2", out=None, stream=None):
     else:
         outa = _arrays.check(arrays["out"], "out", ga.dtype, shape)
     _ffi.call("glu_gate", device, DTYPE_CODES[ga.dtype], T, F, code, ga.cptr(), outa.cptr(),
-              _ffi.ffi.cast("void *", handle))
+              handle)
     return out
 
 

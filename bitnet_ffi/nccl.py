@@ -145,7 +145,7 @@ class Communicator:
         for name, a in arrays.items():
             if a is not None and a.dtype not in DATATYPES:
                 raise InvalidArgumentError(f"{name}: dtype {a.dtype} has no NCCL type")
-        return arrays, ffi.cast("void *", handle)
+        return arrays, handle
 
     def _live(self):
         if self._closed:

@@ -179,7 +179,7 @@ def _rmsnorm(x, weight, eps, residual, y, quantize, quantized, stream, gate=None
         return _ffi.ffi.NULL if arrays[name] is None else arrays[name].cptr(ctype)
 
     outputs = (pointer("weight"), _arrays.number(eps, "eps"), pointer(y_name), pointer("y_q", "int8_t *"),
-               pointer("scales", "float *"), _ffi.ffi.cast("void *", handle))
+               pointer("scales", "float *"), handle)
     if gated:
         _ffi.call("glu_rmsnorm", device, DTYPE_CODES[xa.dtype], T, H, gate, xa.cptr(), *outputs)
     else:

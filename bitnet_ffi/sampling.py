@@ -65,5 +65,5 @@ def sample(logits, seed, counters, temperature=1.0, top_k=0, top_p=1.0, out=None
     oa = _arrays.check(arrays["out"], "out", "int32", lead)
     _ffi.call("sample", device, xa.cptr("float *"), N, V, int(seed), ca.cptr("int32_t *"),
               float(temperature), int(top_k), float(top_p), oa.cptr("int32_t *"),
-              _ffi.ffi.cast("void *", handle))
+              handle)
     return out

@@ -11,10 +11,6 @@ from .errors import ArgumentTypeError, InvalidArgumentError
 OUT_DTYPES = ("float32", "float16", "bfloat16", "int32")
 
 
-def _void(handle):
-    return _ffi.ffi.cast("void *", handle)
-
-
 class TernaryWeights:
     """Packed ternary weights of shape (M, K): ``packed`` is uint8 [M, K/4] (2 bits per weight,
     docs/weight_format.md) and ``scales`` float32 [M], both on ``device`` (-1 for the CPU), of the
@@ -39,7 +35,7 @@ class TernaryWeights:
         M, K = self.shape
         out = _arrays.new_like(pa, (M, K), "int8")
         _ffi.call("unpack_ternary", device, pa.cptr("uint8_t *"), M, K,
-                  _arrays.as_array(out, "out").cptr("int8_t *"), _void(handle))
+                  _arrays.as_array(out, "out").cptr("int8_t *"), handle)
         return out
 
     def to(self, device):
@@ -143,7 +139,7 @@ def quantize_i2s(w, row_segments=None, stream=None):
     scales = _arrays.new_like(wa, (M,), "float32")
     _ffi.call("quantize_i2s", device, wa.cptr(), DTYPE_CODES[wa.dtype], M, K, segments, n_segments,
               _arrays.as_array(packed, "packed").cptr("uint8_t *"),
-              _arrays.as_array(scales, "scales").cptr("float *"), _void(handle))
+              _arrays.as_array(scales, "scales").cptr("float *"), handle)
     return TernaryWeights(packed, scales)
 
 
@@ -166,7 +162,7 @@ def pack_ternary(w_q, scales, stream=None):
     scales = _scales_like(qa, scales, M)
     packed = _arrays.new_like(qa, (M, K // 4), "uint8")
     _ffi.call("pack_ternary", device, qa.cptr("int8_t *"), M, K,
-              _arrays.as_array(packed, "packed").cptr("uint8_t *"), _void(handle))
+              _arrays.as_array(packed, "packed").cptr("uint8_t *"), handle)
     return TernaryWeights(packed, scales)
 
 
@@ -200,7 +196,7 @@ def quantize_a8(x, out=None, stream=None):
     _arrays.check(arrays["x_q"], "x_q", "int8", (*lead, K))
     _arrays.check(arrays["s"], "s", "float32", (N,))
     _ffi.call("quantize_a8", device, xa.cptr(), DTYPE_CODES[xa.dtype], N, K,
-              arrays["x_q"].cptr("int8_t *"), arrays["s"].cptr("float *"), _void(handle))
+              arrays["x_q"].cptr("int8_t *"), arrays["s"].cptr("float *"), handle)
     return x_q, s
 
 
@@ -243,7 +239,7 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     ya = _arrays.check(arrays["out"], "out", out_dtype, (*lead, M))
     _ffi.call("gemv_w2a8", device, arrays["w.packed"].cptr("uint8_t *"),
               arrays["w.scales"].cptr("float *"), M, K, xa.cptr("int8_t *"), sa.cptr("float *"),
-              N, ya.cptr(), DTYPE_CODES[out_dtype], _void(handle))
+              N, ya.cptr(), DTYPE_CODES[out_dtype], handle)
     return out
 
 
