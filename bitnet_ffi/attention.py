@@ -98,19 +98,12 @@ def _seq_lens(seq_lens, qa, B, Sq, C, causal):
     """seq_lens as an int32 Array on q's device: host values checked, then uploaded for a GPU op."""
     if seq_lens is None:
         return None
-    if isinstance(seq_lens, (list, tuple, np.ndarray)):
-        host = np.asarray(seq_lens)
-        if host.shape != (B,) or not np.issubdtype(host.dtype, np.integer):
-            raise InvalidArgumentError(f"seq_lens: expected {B} integers, got {host.dtype} "
-                                       f"{list(host.shape)}")
-        low = Sq if causal else 1
+    low = Sq if causal else 1
+
+    def check_range(host):
         bad = np.flatnonzero((host < low) | (host > C))
         if bad.size:
             raise InvalidArgumentError(f"seq_lens[{bad[0]}] = {host[bad[0]]} is outside "
                                        f"[{low}, C = {C}]")
-        return _arrays.upload_int32(host, qa, "seq_lens")
-    lens = _arrays.as_array(seq_lens, "seq_lens")
-    if lens.device != qa.device:
-        raise InvalidArgumentError(f"seq_lens is on {_arrays.device_name(lens.device)}, but q is "
-                                   f"on {_arrays.device_name(qa.device)}")
-    return _arrays.check(lens, "seq_lens", "int32", (B,))
+
+    return _arrays.int32_per_row(seq_lens, "seq_lens", B, qa, check_range)
