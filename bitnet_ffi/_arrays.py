@@ -270,6 +270,15 @@ def _torch_current_stream(device):
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def output(arrays, name, obj, reference, shape, dtype):
+    """An op's output: `obj` as given, checked for dtype and shape, or a new array like `reference`
+    when it is None. Returns (the object to return to the caller, its Array)."""
+    if obj is None:
+        obj = new_like(reference, shape, dtype)
+        arrays[name] = as_array(obj, name)
+    return obj, check(arrays[name], name, dtype, shape)
+
+
 def new_like(reference, shape, dtype):
     """A new uninitialised array of the same kind and device as `reference`."""
     if reference.kind == "numpy":

@@ -61,11 +61,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     if scale is not None and not math.isfinite(scale):
         raise InvalidArgumentError(f"scale must be finite, got {scale}")
     lens = _seq_lens(seq_lens, qa, B, Sq, C, causal)
-    if out is None:
-        out = _arrays.new_like(qa, (B, Sq, Hq, D), qa.dtype)
-        outa = _arrays.as_array(out, "out")
-    else:
-        outa = _arrays.check(arrays["out"], "out", qa.dtype, (B, Sq, Hq, D))
+    out, outa = _arrays.output(arrays, "out", out, qa, (B, Sq, Hq, D), qa.dtype)
     wsa = arrays["workspace"]
     if wsa is None:  # a given one's size is checked by the C call
         ws_bytes = attention_workspace_size(device, B, Sq, Hq, Hkv, D, C)

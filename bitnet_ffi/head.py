@@ -33,10 +33,7 @@ def gemv_bf16(w, x, out_dtype="float32", out=None, stream=None):
     _arrays.check(xa, "x", ("float32", "bfloat16"), (*lead, K))
     if out_dtype not in ("float32", "bfloat16"):
         raise InvalidArgumentError(f"out_dtype must be float32 or bfloat16, got {out_dtype!r}")
-    if out is None:
-        out = _arrays.new_like(wa, (*lead, M), out_dtype)
-        arrays["out"] = _arrays.as_array(out, "out")
-    ya = _arrays.check(arrays["out"], "out", out_dtype, (*lead, M))
+    out, ya = _arrays.output(arrays, "out", out, wa, (*lead, M), out_dtype)
     _ffi.call("gemv_bf16", device, wa.cptr(), M, K, xa.cptr(), DTYPE_CODES[xa.dtype], N, ya.cptr(),
               DTYPE_CODES[out_dtype], handle)
     return out
@@ -59,10 +56,7 @@ def argmax(x, out=None, stream=None):
     xa = arrays["x"]
     N, M, lead = _arrays.tokens(xa.shape, "x")
     _arrays.check(xa, "x", "float32", (*lead, M))
-    if out is None:
-        out = _arrays.new_like(xa, lead, "int32")
-        arrays["out"] = _arrays.as_array(out, "out")
-    oa = _arrays.check(arrays["out"], "out", "int32", lead)
+    out, oa = _arrays.output(arrays, "out", out, xa, lead, "int32")
     _ffi.call("argmax", device, xa.cptr("float *"), N, M, oa.cptr("int32_t *"),
               handle)
     return out
@@ -99,10 +93,7 @@ def embedding(table, ids, out=None, stream=None):
                                              writes=("out",), optional=("out",))
     ia = _arrays.check(arrays["ids"], "ids", "int32", (None,))
     N = ia.shape[0]
-    if out is None:
-        out = _arrays.new_like(tab, (N, H), tab.dtype)
-        arrays["out"] = _arrays.as_array(out, "out")
-    oa = _arrays.check(arrays["out"], "out", tab.dtype, (N, H))
+    out, oa = _arrays.output(arrays, "out", out, tab, (N, H), tab.dtype)
     _ffi.call("embedding", device, DTYPE_CODES[tab.dtype], tab.cptr(), V, H, ia.cptr("int32_t *"),
               N, oa.cptr(), handle)
     return out

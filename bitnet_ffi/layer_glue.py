@@ -109,11 +109,7 @@ def glu_gate(gate_up, activation="relu2", out=None, stream=None):
     F = ga.shape[-1] // 2
     shape = ga.shape[:-1] + (F,)
     T = math.prod(ga.shape[:-1])
-    if out is None:
-        out = _arrays.new_like(ga, shape, ga.dtype)
-        outa = _arrays.as_array(out, "out")
-    else:
-        outa = _arrays.check(arrays["out"], "out", ga.dtype, shape)
+    out, outa = _arrays.output(arrays, "out", out, ga, shape, ga.dtype)
     _ffi.call("glu_gate", device, DTYPE_CODES[ga.dtype], T, F, code, ga.cptr(), outa.cptr(),
               handle)
     return out

@@ -59,10 +59,7 @@ def sample(logits, seed, counters, temperature=1.0, top_k=0, top_p=1.0, out=None
     N, V, lead = _arrays.tokens(xa.shape, "logits")
     _arrays.check(xa, "logits", "float32", (*lead, V))
     ca = _arrays.int32_per_row(counters, "counters", N, xa)
-    if out is None:
-        out = _arrays.new_like(xa, lead, "int32")
-        arrays["out"] = _arrays.as_array(out, "out")
-    oa = _arrays.check(arrays["out"], "out", "int32", lead)
+    out, oa = _arrays.output(arrays, "out", out, xa, lead, "int32")
     _ffi.call("sample", device, xa.cptr("float *"), N, V, int(seed), ca.cptr("int32_t *"),
               float(temperature), int(top_k), float(top_p), oa.cptr("int32_t *"),
               handle)

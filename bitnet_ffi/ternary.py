@@ -233,10 +233,7 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     _arrays.check(xa, "x_q", "int8", (*lead, K))
     sa = arrays["s"]
     _arrays.check(sa, "s", "float32", sa.shape if not lead and sa.size == 1 else (N,))
-    if out is None:
-        out = _arrays.new_like(xa, (*lead, M), out_dtype)
-        arrays["out"] = _arrays.as_array(out, "out")
-    ya = _arrays.check(arrays["out"], "out", out_dtype, (*lead, M))
+    out, ya = _arrays.output(arrays, "out", out, xa, (*lead, M), out_dtype)
     _ffi.call("gemv_w2a8", device, arrays["w.packed"].cptr("uint8_t *"),
               arrays["w.scales"].cptr("float *"), M, K, xa.cptr("int8_t *"), sa.cptr("float *"),
               N, ya.cptr(), DTYPE_CODES[out_dtype], handle)
