@@ -144,16 +144,17 @@ class Group:
             self._padded[key] = (DeviceArray((largest,), xa.dtype, self.device),
                                  DeviceArray((self.world, largest), xa.dtype, self.device))
         send, gathered = self._padded[key]
-        handle = _arrays.stream_handle(stream) if stream is not None else 0
+        # The copies run on the stream the NCCL call resolves to (the framework's current one).
+        arrays, _, handle = _arrays.prepare({"x": x, "out": out}, stream, writes=("out",))
         copy = _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE
         _ffi.call("memcpy", _ffi.ffi.cast("void *", send.ptr), xa.cptr(), xa.size * size, copy,
-                  _ffi.ffi.cast("void *", handle))
+                  handle)
         self.nccl.all_gather(send, gathered, stream=stream)
-        oa, offset = _arrays.as_array(out, "out"), 0
+        oa, offset = arrays["out"], 0
         for r, count in enumerate(counts):
             _ffi.call("memcpy", _ffi.ffi.cast("void *", oa.ptr + offset * size),
                       _ffi.ffi.cast("void *", gathered.ptr + r * largest * size), count * size,
-                      copy, _ffi.ffi.cast("void *", handle))
+                      copy, handle)
             offset += count
         return out
 
