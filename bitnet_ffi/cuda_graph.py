@@ -85,13 +85,19 @@ class Graph:
     def launch(self):
         _ffi.call("graph_launch", self.handle, self.stream.handle)
 
-    def time_ms(self, replays=10):
+    def time_ms(self, replays=10, reset=None):
         """Device milliseconds of one replay: after a warm-up, three runs of `replays` replays
-        back to back, each timed with events; the median run, per replay."""
+        back to back, each timed with events; the median run, per replay. ``reset()``, if given,
+        runs before the warm-up and before each run, untimed: for work whose replays move state
+        along (a decode step's positions), so that every run starts from the same state."""
         start, end = Event(self.stream.device), Event(self.stream.device)
+        if reset:
+            reset()
         self.launch()
         times = []
         for _ in range(3):
+            if reset:
+                reset()
             start.record(self.stream)
             for _ in range(replays):
                 self.launch()

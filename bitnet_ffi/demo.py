@@ -54,22 +54,6 @@ class Clock:
         self.seconds = time.perf_counter() - self.start
 
 
-def op_breakdown(session):
-    """Milliseconds per op kind of one decode step on a GPU: each kind's ops captured alone and
-    replayed, as the whole step is timed. (On the CPU the timed decode steps record their ops'
-    wall time themselves: run().)"""
-    saved = session.download(session.positions).copy(), session.download(session.seq_lens).copy()
-    breakdown = {}
-    for kind in Session.KINDS:
-        session.only = {kind}
-        graph = session.capture()
-        breakdown[kind] = graph.time_ms(5)
-        session.upload(saved[0], session.positions)
-        session.upload(saved[1], session.seq_lens)
-    session.only = None
-    return breakdown
-
-
 def step_bytes(config, batch, context):
     """Bytes one decode step must read: ternary weights, the bfloat16 output head, the KV cache."""
     kv = 2 * config.layers * batch * context * config.kv_dim * 2
@@ -130,9 +114,8 @@ def run(args):
         f"{' ...' if generated.shape[1] > 16 else ''}")
 
     if session.stream is not None:
-        step_ms = session.graph.time_ms(TIMED_REPLAYS)
+        step_ms, op_ms = session.time_decode(TIMED_REPLAYS)
         method = "CUDA graph replays, device time"
-        op_ms = op_breakdown(session)
     else:  # the same steps give the step time and the per-op times
         step_ms = 1e3 * clock.seconds / steps
         method = f"wall time, mean of {plural(steps, 'step')}"

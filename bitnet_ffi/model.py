@@ -333,6 +333,36 @@ class Session:
             self.forward(self.decode_buffers, 1)
         return graph
 
+    def time_decode(self, replays):
+        """(ms per step, {op kind: ms}) of the captured decode step on a GPU, every timed run of
+        `replays` back-to-back replays starting from the sequences' positions and input tokens now,
+        which are put back afterwards. Each op kind's time comes from its ops captured alone and
+        replayed the same way. The replays must stay inside the KV cache: a step past its end is skipped by the
+        kernels (rope and attention do no work), which would time a step that computes nothing."""
+        positions = self.download(self.positions).copy()
+        seq_lens = self.download(self.seq_lens).copy()
+        ids = self.download(self.decode_buffers["ids"]).copy()
+        if (positions + replays + 1 > self.capacity).any():
+            raise InvalidArgumentError(f"time_decode: {replays} replays from positions "
+                                       f"{positions.tolist()} overflow the KV cache of "
+                                       f"{self.capacity}")
+
+        def reset():
+            self.upload(positions, self.positions)
+            self.upload(seq_lens, self.seq_lens)
+            self.upload(ids, self.decode_buffers["ids"])
+
+        if self.graph is None:
+            self.graph = self.capture()
+        step_ms = self.graph.time_ms(replays, reset)
+        breakdown = {}
+        for kind in self.KINDS:
+            self.only = {kind}
+            breakdown[kind] = self.capture().time_ms(replays, reset)
+        self.only = None
+        reset()
+        return step_ms, breakdown
+
     def decode(self, ids=None):
         """One decode step (a graph replay on the GPU); returns the tokens it produced. `ids`
         (host integers, one per sequence) replaces the step's input tokens, which are otherwise

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bitnet_ffi import _arrays
+from bitnet_ffi.errors import InvalidArgumentError
 from bitnet_ffi.model import TINY, Session, random_weights
 from conftest import real_gpu_count
 
@@ -141,6 +142,27 @@ def test_gpu_decode_matches_cpu(rng):
     for error, (_, cpu_tokens), (_, gpu_tokens) in zip(errors, cpu, gpu):
         if error < EXACT_BOUND:  # equal logits, equal greedy picks
             np.testing.assert_array_equal(gpu_tokens, cpu_tokens)
+
+
+@pytest.mark.gpu
+def test_time_decode_times_real_steps_and_puts_the_positions_back(rng):
+    """Every timed replay runs inside the KV cache from the same positions (a step past the cache's
+    end computes nothing and would time as fast), and the session goes on as if untimed."""
+    seed = int(rng.integers(1 << 30))
+    print("seed", seed)
+    weights = random_weights(TINY, 0, seed)
+    prompt = np.random.default_rng(seed + 1).integers(0, TINY.vocab, (2, 7))
+    timed, untimed = Session(weights, 2, 16, 0), Session(weights, 2, 16, 0)
+    for session in (timed, untimed):
+        session.prefill(prompt)
+        session.decode()
+    positions = timed.download(timed.positions).copy()
+    step_ms, op_ms = timed.time_decode(replays=7)  # 8 + 7 = 15 of the 16 rows
+    assert step_ms > 0 and set(op_ms) == set(Session.KINDS)
+    np.testing.assert_array_equal(timed.download(timed.positions), positions)
+    np.testing.assert_array_equal(timed.decode(), untimed.decode())
+    with pytest.raises(InvalidArgumentError, match="overflow the KV cache of 16"):
+        timed.time_decode(replays=8)
 
 
 def demo(*args, **env):
