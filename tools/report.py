@@ -261,6 +261,11 @@ def _at_most(value, bound, text):
 
 
 # The issues' targets: (area, target, f(results) -> (the measured cell, met)[, why it is not met]).
+# Why the two demo targets may be missed for now: they were set from figures whose timed steps ran past
+# the KV cache's end, doing no attention or RoPE work; the work that meets them is issue 40's fusion.
+DEMO_TIMING_NOTE = ("set from a timing whose steps ran past the KV cache's end (0.907 ms at batch 1, "
+                    "docs/log/2026-11-26.md#2026-11-26-15); the decode fusion of issue 40 is the work "
+                    "that meets it")
 TARGETS = [
     ("GEMV", "55296×5120 ≥ 85% of read bandwidth",
      lambda r: _at_least(_gemv(r, 55296, 5120)["pct_read_bw"], 85, "{:.0f}%")),
@@ -304,11 +309,12 @@ TARGETS = [
     ("attention", "causal prefill L = 4096 ≥ 250 TFLOP/s",
      lambda r: _at_least(_attn(r, "prefill", 1, 4096)["tflops"], 250, "{:.0f} TFLOP/s")),
     ("demo", "decode ≤ 1.0 ms per token (batch 1, context 1024)",
-     lambda r: _at_most(_demo(r, 1)["decode_ms_per_token"], 1.0, "{:.3f} ms")),
+     lambda r: _at_most(_demo(r, 1)["decode_ms_per_token"], 1.0, "{:.3f} ms"), DEMO_TIMING_NOTE),
     ("demo", "≥ 3× faster than the same model in torch bf16 (batch 1)",
      lambda r: _at_least(_demo(r, 1)["torch_ms_per_token"] / _demo(r, 1)["decode_ms_per_token"], 3, "{:.2f}×")),
     ("demo", "batch 8 step ≤ 1.5× the batch-1 step",
-     lambda r: _at_most(_demo(r, 8)["decode_ms_per_token"] / _demo(r, 1)["decode_ms_per_token"], 1.5, "{:.2f}×")),
+     lambda r: _at_most(_demo(r, 8)["decode_ms_per_token"] / _demo(r, 1)["decode_ms_per_token"], 1.5, "{:.2f}×"),
+     DEMO_TIMING_NOTE),
 ]
 
 
