@@ -10,7 +10,8 @@ import pytest
 
 import bitnet_ffi as bn
 from bitnet_ffi import _ffi
-from bitnet_ffi.errors import InvalidArgumentError
+from bitnet_ffi.cuda_graph import Graph, Stream
+from bitnet_ffi.errors import InvalidArgumentError, UnsupportedError
 
 from reference import (c_quantize_i2s, ref_codes, ref_pack, ref_quantize_a8, ref_scales,
                        status_and_message)
@@ -233,6 +234,24 @@ def test_pack_unpack_gpu_device_array(rng):
     back = tw.to("cpu")
     np.testing.assert_array_equal(back.packed, ref_pack(w_q))
     np.testing.assert_array_equal(back.to(0).unpack().numpy(), w_q)
+
+
+@pytest.mark.gpu
+def test_quantize_i2s_gpu_refuses_graph_capture(rng):
+    """Its finiteness check waits for the stream, so a capture is refused before any work."""
+    w = bn.DeviceArray.from_numpy(rng.standard_normal((256, 512)).astype(np.float32))
+    packed = bn.DeviceArray.from_numpy(np.full((256, 128), 0x5A, dtype=np.uint8))
+    scales = bn.DeviceArray.from_numpy(np.full(256, 7.0, dtype=np.float32))
+    stream, ffi = Stream(0), _ffi.ffi
+    with pytest.raises(UnsupportedError, match="cannot be captured in a CUDA graph"):
+        with Graph.capture(stream):
+            _ffi.call("quantize_i2s", 0, ffi.cast("void *", w.ptr), 0, 256, 512, ffi.NULL, 0,
+                      ffi.cast("uint8_t *", packed.ptr), ffi.cast("float *", scales.ptr),
+                      ffi.cast("void *", stream.handle))
+    assert (packed.numpy() == 0x5A).all() and (scales.numpy() == 7.0).all()
+    tw = bn.quantize_i2s(w, stream=stream)  # the stream works afterwards
+    stream.synchronize()
+    np.testing.assert_array_equal(tw.unpack().numpy(), ref_codes(w.numpy(), ref_scales(w.numpy())))
 
 
 @pytest.mark.gpu

@@ -397,6 +397,63 @@ __device__ __forceinline__ void write_block_outputs(const DecodeCombine<D> &comb
     }
 }
 
+/* The key loop's first stage: S = Q K^T for this warp's 16 keys (key_row0 within the tile, key0 in
+ * the sequence) with mma.sync, in log2 units; keys at or past L, or past a row's last key, are
+ * -inf. tile_max: the max of each of the lane's two rows (g and g + 8). */
+template <typename T, int D>
+__device__ __forceinline__ void tile_scores(const uint4 (*k_tile)[D / 8], const uint32_t (&qf)[D / 16][4],
+                                            int key_row0, int key0, int L, const int (&last_key)[2],
+                                            float scale_log2, float (&s)[2][4], float (&tile_max)[2]) {
+    const int lane = threadIdx.x % 32, t = lane % 4;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        uint32_t kb[4];
+        int row = key_row0 + lane % 8 + 8 * (lane / 16);
+        ldmatrix_x4(kb, &k_tile[row][swizzle(row, 2 * kc + lane / 8 % 2)]);
+        mma<T>(s[0], qf[kc], kb[0], kb[1]);
+        mma<T>(s[1], qf[kc], kb[2], kb[3]);
+    }
+    tile_max[0] = tile_max[1] = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = key0 + nt * 8 + 2 * t + e % 2;
+            float x = key < L && key <= last_key[e / 2] ? s[nt][e] * scale_log2 : -INFINITY;
+            s[nt][e] = x;
+            tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        }
+    }
+}
+
+/* The key loop's second stage: P = 2^(S - base) rounded to T (the row sums added to l_run), and
+ * O += P V over the warp's 16 keys of the tile; O rescaled first where RESCALE. */
+template <typename T, int D, bool RESCALE>
+__device__ __forceinline__ void accumulate_pv(const uint4 (*v_tile)[D / 8], float (&s)[2][4],
+                                              const float (&base)[2], const float (&rescale)[2], int key_row0,
+                                              float (&l_run)[2], float (&o)[D / 8][4]) {
+    const int lane = threadIdx.x % 32;
+    uint32_t pf[4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) softmax_probs<T>(s[nt], base, l_run, pf[2 * nt], pf[2 * nt + 1]);
+#pragma unroll
+    for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t vb[4];
+        int row = key_row0 + lane % 8 + 8 * (lane / 8 % 2);
+        ldmatrix_x4_trans(vb, &v_tile[row][swizzle(row, 2 * dp + lane / 16)]);
+        if constexpr (RESCALE) {
+            rescale_rows(o[2 * dp], rescale);
+            rescale_rows(o[2 * dp + 1], rescale);
+        }
+        mma<T>(o[2 * dp], pf, vb[0], vb[1]);
+        mma<T>(o[2 * dp + 1], pf, vb[2], vb[3]);
+    }
+}
+
 /* Block (split, KV head + row block, sequence). Row r of the block is query row row0 + r of its KV
  * head: token (row0 + r) / G, head kvh * G + (row0 + r) % G. Warp w computes, for every 64-key
  * tile, S = Q K^T over keys [16w, 16w + 16) and O += P V with mma.sync, keeping its own running
@@ -457,7 +514,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     }
     bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
     BN_TIMELINE(timeline.at(1);)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int L = seq_lens ? seq_lens[b] : C;
     auto out_row = [=](int r) { /* the row of out (and of q) that block row r is */
         int row = row0 + r;
@@ -518,27 +575,9 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         }
 
         const int key_row0 = warp * kWarpKeys; /* this warp's 16 keys within the tile */
-        float s[2][4] = {};
-#pragma unroll
-        for (int kc = 0; kc < D / 16; kc++) {
-            uint32_t kb[4];
-            int row = key_row0 + lane % 8 + 8 * (lane / 16);
-            ldmatrix_x4(kb, &sm.k[stage][row][swizzle(row, 2 * kc + lane / 8 % 2)]);
-            mma<T>(s[0], qf[kc], kb[0], kb[1]);
-            mma<T>(s[1], qf[kc], kb[2], kb[3]);
-        }
-        const int key0 = tile * kTileKeys + key_row0;
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = key0 + nt * 8 + 2 * t + e % 2;
-                float x = key < L && key <= last_key[e / 2] ? s[nt][e] * scale_log2 : -INFINITY;
-                s[nt][e] = x;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
-            }
-        }
+        float s[2][4], tile_max[2];
+        tile_scores<T, D>(sm.k[stage], qf, key_row0, tile * kTileKeys + key_row0, L, last_key, scale_log2, s,
+                          tile_max);
         float rescale[2], base[2];
         if constexpr (kLazy) {
             if (lazy_softmax_step(tile_max, m_run, l_run, base, rescale) && i > 0) { /* else o is zero */
@@ -548,21 +587,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         } else {
             online_softmax_step(tile_max, m_run, l_run, base, rescale);
         }
-        uint32_t pf[4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) softmax_probs<T>(s[nt], base, l_run, pf[2 * nt], pf[2 * nt + 1]);
-#pragma unroll
-        for (int dp = 0; dp < kDimTiles / 2; dp++) {
-            uint32_t vb[4];
-            int row = key_row0 + lane % 8 + 8 * (lane / 8 % 2);
-            ldmatrix_x4_trans(vb, &sm.v[stage][row][swizzle(row, 2 * dp + lane / 16)]);
-            if constexpr (!kLazy) { /* the lazy step rescaled o above */
-                rescale_rows(o[2 * dp], rescale);
-                rescale_rows(o[2 * dp + 1], rescale);
-            }
-            mma<T>(o[2 * dp], pf, vb[0], vb[1]);
-            mma<T>(o[2 * dp + 1], pf, vb[2], vb[3]);
-        }
+        accumulate_pv<T, D, !kLazy>(sm.v[stage], s, base, rescale, key_row0, l_run, o); /* the lazy step rescaled o */
         if (kAhead == kStageCount - 1) __syncthreads(); /* the stage is refilled next iteration */
     }
     cp_async_wait<0>();

@@ -1,16 +1,14 @@
 /* CUDA ternary weight quantization (quantize_i2s), packing, and int8 activation quantization.
- * quantize_i2s: (0) a scan for the first NaN or ±inf, which the host waits for (an error before
- * anything is written), (1) one block per row sums |w| in float64 into w_packed used as scratch, (2) one
- * block per segment adds its row sums in a fixed order and writes the scales, (3) one thread per
- * 32-bit packed word (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Reads W
- * three times.
+ * quantize_i2s: (1) one block per row sums |w| in float64 into a scratch array, (2) a scan of the
+ * row sums for one that is not finite (a NaN or ±inf weight makes it so, a finite row cannot
+ * overflow a double), which the host waits for: an error before anything is written, (3) one block
+ * per segment adds its row sums in a fixed order and writes the scales, (4) one thread per 32-bit
+ * packed word (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Reads W twice.
  * quantize_a8: one block per row, max |x| then x * 127 / max (the second read hits L2).
  * Layout: docs/weight_format.md. Float32 arithmetic is IEEE (__fdiv_rn, __fmul_rn, rintf), so
  * the results equal the CPU backend's bit for bit (scales up to float64 summation order).
- * H100, float32 [16384, 4096] (BENCHMARKS.md, 2026-11-26): quantize_i2s 198 us = 2803 GB/s
- * counting both reads of W and the packed write (90% of read BW); quantize_a8 115 us = 2911 GB/s
- * (94%); both measured before
- * quantize_i2s's scan (0) added a third read of W. */
+ * H100, float32 [16384, 4096] (BENCHMARKS.md): quantize_i2s counted as both reads of W and the
+ * packed write; quantize_a8 115 us = 2911 GB/s (94% of read BW). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -88,6 +86,14 @@ __global__ __launch_bounds__(kThreads) void find_non_finite(const void *w, int32
                 break;
             }
     }
+}
+
+/* The first row whose sum of |w| is not finite, into *first. */
+__global__ __launch_bounds__(kThreads) void find_non_finite_row(const double *row_sums, int64_t M,
+                                                                unsigned long long *first) {
+    for (int64_t row = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; row < M;
+         row += static_cast<int64_t>(gridDim.x) * kThreads)
+        if (!isfinite(row_sums[row])) record_first(first, row);
 }
 
 __global__ __launch_bounds__(kThreads) void row_abs_sums(const void *w, int32_t dtype, int64_t K,
@@ -226,16 +232,22 @@ unsigned grid_for(int64_t items) {
     return static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
 }
 
-/* Runs find(first), a launch that records flat indices with record_first, on stream s and waits
- * for it: *index is the smallest recorded, or -1. A check on the host must wait for the stream, so
- * it is refused under graph capture (`op` names the caller). */
-template <typename Find>
-bitnet_status first_flagged(const char *op, cudaStream_t s, Find find, int64_t *index) {
+/* An op that waits for the stream to check its input refuses to be captured in a CUDA graph. */
+bitnet_status refuse_capture(const char *op, cudaStream_t s) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     BN_CUDA_TRY(cudaStreamIsCapturing(s, &capture));
     if (capture != cudaStreamCaptureStatusNone)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: checks its input on the host (it waits for the "
                        "stream), so it cannot be captured in a CUDA graph", op);
+    return BITNET_OK;
+}
+
+/* Runs find(first), a launch that records flat indices with record_first, on stream s and waits
+ * for it: *index is the smallest recorded, or -1. A check on the host must wait for the stream, so
+ * it is refused under graph capture (`op` names the caller). */
+template <typename Find>
+bitnet_status first_flagged(const char *op, cudaStream_t s, Find find, int64_t *index) {
+    BN_TRY(refuse_capture(op, s));
     unsigned long long *first = nullptr, host_first = ~0ull;
     BN_CUDA_TRY(cudaMallocAsync(&first, sizeof *first, s));
     cudaError_t err = cudaMemsetAsync(first, 0xff, sizeof *first, s);
@@ -252,33 +264,30 @@ bitnet_status first_flagged(const char *op, cudaStream_t s, Find find, int64_t *
     return BITNET_OK;
 }
 
-}  // namespace
-
-bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M,
-                                   int64_t K, const int64_t *row_segments, int64_t n_segments,
-                                   uint8_t *w_packed, float *w_scales, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    if (M > INT32_MAX)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_quantize_i2s: M = %lld rows is over the "
-                       "CUDA grid limit", (long long)M);
-    cudaStream_t s = bn_stream(stream);
-    /* Weights must be finite: checked before anything is written. */
-    int64_t bad = -1;
-    BN_TRY(first_flagged("bitnet_quantize_i2s", s, [&](unsigned long long *first) {
-        find_non_finite<<<grid_for(M * K / 16), kThreads, 0, s>>>(w, w_dtype, M * K, first);
-    }, &bad));
-    if (bad >= 0) {
-        const int64_t size = bn_dtype_size(w_dtype);
-        uint32_t bits = 0; /* the element's bytes, as bn_load_floats reads them */
-        BN_CUDA_TRY(cudaMemcpy(&bits, static_cast<const char *>(w) + bad * size, size, cudaMemcpyDeviceToHost));
-        float value;
-        bn_load_floats(w_dtype, &bits, 0, 1, &value);
-        return bn_fail_non_finite_weight(bad, K, value);
-    }
-    double *row_sums = reinterpret_cast<double *>(w_packed); /* M * 8 <= M * K / 4 bytes */
+/* quantize_i2s's passes, row_sums [M] being scratch. Weights must be finite: checked (pass 2)
+ * before anything is written. */
+bitnet_status quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int64_t K, const int64_t *row_segments,
+                           int64_t n_segments, double *row_sums, uint8_t *w_packed, float *w_scales,
+                           cudaStream_t s) {
     row_abs_sums<<<static_cast<unsigned>(M), kThreads, 0, s>>>(w, w_dtype, K, row_sums);
     BN_CUDA_CHECK_LAUNCH("row_abs_sums");
+    int64_t bad_row = -1;
+    BN_TRY(first_flagged("bitnet_quantize_i2s", s, [&](unsigned long long *first) {
+        find_non_finite_row<<<grid_for(M), kThreads, 0, s>>>(row_sums, M, first);
+    }, &bad_row));
+    if (bad_row >= 0) {
+        const int64_t size = bn_dtype_size(w_dtype);
+        const char *row = static_cast<const char *>(w) + bad_row * K * size;
+        int64_t column = -1;
+        BN_TRY(first_flagged("bitnet_quantize_i2s", s, [&](unsigned long long *first) {
+            find_non_finite<<<grid_for(K / 16), kThreads, 0, s>>>(row, w_dtype, K, first);
+        }, &column));
+        uint32_t bits = 0; /* the element's bytes, as bn_load_floats reads them */
+        BN_CUDA_TRY(cudaMemcpy(&bits, row + column * size, size, cudaMemcpyDeviceToHost));
+        float value;
+        bn_load_floats(w_dtype, &bits, 0, 1, &value);
+        return bn_fail_non_finite_weight(bad_row * K + column, K, value);
+    }
     int64_t first_row = 0;
     for (int64_t i = 0; i < n_segments; i++) {
         int64_t rows = row_segments ? row_segments[i] : M;
@@ -291,6 +300,27 @@ bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtyp
                                                      reinterpret_cast<uint32_t *>(w_packed));
     BN_CUDA_CHECK_LAUNCH("pack_scaled");
     return BITNET_OK;
+}
+
+}  // namespace
+
+bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M,
+                                   int64_t K, const int64_t *row_segments, int64_t n_segments,
+                                   uint8_t *w_packed, float *w_scales, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    if (M > INT32_MAX)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_quantize_i2s: M = %lld rows is over the "
+                       "CUDA grid limit", (long long)M);
+    cudaStream_t s = bn_stream(stream);
+    BN_TRY(refuse_capture("bitnet_quantize_i2s", s));
+    double *row_sums = nullptr;
+    BN_CUDA_TRY(cudaMallocAsync(&row_sums, M * sizeof(double), s));
+    const bitnet_status status = quantize_i2s(w, w_dtype, M, K, row_segments, n_segments, row_sums,
+                                              w_packed, w_scales, s);
+    const cudaError_t free_err = cudaFreeAsync(row_sums, s);
+    if (status == BITNET_OK) BN_CUDA_TRY(free_err);
+    return status;
 }
 
 bitnet_status bn_cuda_pack_ternary(int32_t device, const int8_t *w_q, int64_t M, int64_t K,
