@@ -11,19 +11,16 @@
  *   thread-block cluster, whose first block adds up the partial dots through distributed shared memory.
  * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
  * The packed weights are the GEMV's: no second copy. Measured numbers: docs/gemm.md. */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cooperative_groups.h>
 
 #include "common.cuh"
+#include "gemm_w2a8.cuh"
 
 namespace cg = cooperative_groups;
+using namespace bn_gemm;
 
 namespace {
 
-constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
-constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
 constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
 /* k tiles in flight. The smaller blocks have room for more stages; on an H100, 6 and 8 timed the same
  * as 4 within 3% (docs/log/2026-11-26.md#2026-11-26-10). The defines are for tools/dev/gemm_variants.sh. */
@@ -36,30 +33,18 @@ constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the l
 constexpr int kStages = 4;                    /* 128 tokens x 256 rows */
 constexpr int kMidStages = GEMM_MID_STAGES;     /* 128 tokens x 128 rows */
 constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
-
-struct GemmArgs {
-    const uint8_t *w; /* [M, K/4] */
-    const float *w_scales;
-    const int8_t *x; /* [N, K] */
-    const float *x_scales;
-    void *y; /* [N, M] */
-    int32_t y_dtype;
-    int M, K, N;
-};
-
-__device__ __forceinline__ uint32_t shared_address(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
-__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
-    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void copy_wait() {
-    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
-}
+/* Compute capability 9.0: the wgmma kernel (gemm_w2a8_sm90.cu) from GEMM_WGMMA_MIN_TOKENS tokens on,
+ * except where its 128 x 128 blocks are fewer than half the SMs and K > 4096 (there this kernel, which
+ * splits K, was faster). Its blocks: 128 tokens x 256 rows where x takes >= 64 MiB (half the passes over
+ * x) and they still number 2 per SM, else 128 x 128 (two per SM). Measured on an H100:
+ * docs/log/2026-11-26.md#2026-11-26-30. GEMM_WGMMA_ROWS = 128 or 256 forces the rows (for
+ * tools/dev/gemm_variants.sh). */
+#ifndef GEMM_WGMMA_MIN_TOKENS
+#define GEMM_WGMMA_MIN_TOKENS 256
+#endif
+#ifndef GEMM_WGMMA_ROWS
+#define GEMM_WGMMA_ROWS 0
+#endif
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
     BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -80,17 +65,6 @@ __device__ __forceinline__ void mma_s8_u8(int (&d)[4], const uint32_t (&a)[4], u
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Byte offset of 16-byte chunk c of row r in a stage's x tile (rows of 128 bytes): the XOR puts the 8
- * rows that one ldmatrix matrix reads in 8 different chunks, so all 32 banks. */
-__device__ __forceinline__ int x_tile_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-/* Byte offset of half h (16 bytes) of row n in a stage's weight tile (rows of 32 bytes): the 8 rows
- * that lanes g = 0..7 read at once land in 8 different bank quads. */
-__device__ __forceinline__ int w_tile_offset(int n, int h) { return n * 32 + ((h ^ ((n >> 2) & 1)) << 4); }
-
-__device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
-    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
 }
 
 /* y[n, m] and y[n, m + 1] (the second only where pair). */
@@ -391,9 +365,16 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     a.K = static_cast<int>(K);
     a.N = static_cast<int>(N);
     cudaStream_t s = bn_stream(stream);
-    int major = 0, sms = 0;
+    int major = 0, minor = 0, sms = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     BN_TRY(bn_cuda_sm_count(device, &sms));
+    const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
+    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && (2 * blocks_128 >= sms || K <= 4096)) {
+        const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
+        const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
+        return gemm_w2a8_sm90(device, a, rows, s);
+    }
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
      * that still leaves two waves of blocks. */
     const int bm = N <= 32 ? 32 : N <= 64 ? 64 : 128;

@@ -1,0 +1,54 @@
+/* What the W2A8 GEMM kernels share (gemm_w2a8.cu: mma.sync, sm_80+; gemm_w2a8_sm90.cu: wgmma,
+ * sm_90a): the arguments, the cp.async copies, the shared-memory tile layouts and the epilogue's rule. */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+
+namespace bn_gemm {
+
+constexpr int kTileK = 128;              /* weights per row per stage: 32 packed bytes */
+constexpr int kTileKBytesW = kTileK / 4; /* packed bytes of a row per stage */
+
+struct GemmArgs {
+    const uint8_t *w; /* [M, K/4] */
+    const float *w_scales;
+    const int8_t *x; /* [N, K] */
+    const float *x_scales;
+    void *y; /* [N, M] */
+    int32_t y_dtype;
+    int M, K, N;
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
+__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void copy_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
+/* Byte offset of 16-byte chunk c of row r in a stage's x tile (rows of 128 bytes): the XOR puts the 8
+ * rows that one ldmatrix matrix reads in 8 different chunks, so all 32 banks. */
+__device__ __forceinline__ int x_tile_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+/* Byte offset of half h (16 bytes) of row n in a stage's weight tile (rows of 32 bytes): the 8 rows
+ * that lanes g = 0..7 read at once land in 8 different bank quads. */
+__device__ __forceinline__ int w_tile_offset(int n, int h) { return n * 32 + ((h ^ ((n >> 2) & 1)) << 4); }
+
+__device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
+    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
+}
+
+/* The wgmma kernel (gemm_w2a8_sm90.cu, compute capability 9.0 only): blocks of 128 tokens x `rows` (128
+ * or 256) weight rows. */
+bitnet_status gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, cudaStream_t stream);
+
+}  // namespace bn_gemm

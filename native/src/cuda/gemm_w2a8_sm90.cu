@@ -1,0 +1,295 @@
+/* CUDA W2A8 GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a; built for that target
+ * alone, see the Makefile): y[n, m] = dot(x_q[n], W_q[m]) * w_scales[m] / x_scales[n].
+ * - A block owns 128 tokens x ROWS weight rows (128 or 256); two warpgroups of ROWS / 2 rows each. K
+ *   goes by tiles of 128: cp.async copies the packed weights (ROWS x 32 bytes) and x (128 x 128 bytes,
+ *   rows swizzled by 16-byte chunks: the 128-byte swizzle that wgmma reads) into shared-memory stages.
+ * - wgmma m64n128k32: A = the weights from registers, B = x from shared memory (descriptor). Lane (g,
+ *   t) of warp w holds k = 4t..4t+3 (+16) of rows 16w + g (+8) of a 64-row tile: packed word 2s (2s + 1)
+ *   of the row at shift t (docs/weight_format.md), turned into W_q = code - 1 as signed bytes by
+ *   ((v & 0x03030303) + 0x7F7F7F7F) ^ 0x80808080 (no carry crosses a byte), so no sum(x) is needed.
+ *   The weights go straight from their packed bytes to the A registers: no int8 weight tile exists.
+ * - The wgmmas of tile kt + 1 are issued before those of tile kt are awaited: the tensor cores always
+ *   have a tile queued while the warps expand the next one and copy the one after.
+ * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot, put in
+ *   shared memory as [token][row] and stored from there by 8 consecutive rows per thread.
+ * Launched by bn_cuda_gemm_w2a8 (gemm_w2a8.cu) on compute capability 9.0 for large problems.
+ * Measured numbers: docs/gemm.md. */
+#include <type_traits>
+
+#include "common.cuh"
+#include "gemm_w2a8.cuh"
+
+using namespace bn_gemm;
+
+namespace {
+
+constexpr int kTokens = 128, kThreads = 256;
+
+/* ROWS = 64 MT x 2 weight rows per block. 256 rows: one block per SM (the accumulators take 128
+ * registers a thread); 128 rows: two blocks per SM, so one block's epilogue overlaps another's loop. */
+template <int MT>
+struct Shape {
+    static constexpr int kRows = 128 * MT;
+    static constexpr int kStages = MT == 2 ? 6 : 4;
+    static constexpr int kXBytes = kTokens * kTileK, kWBytes = kRows * kTileKBytesW;
+    static constexpr int kStageBytes = kXBytes + kWBytes; /* a multiple of 1024: x tiles stay 1024-aligned */
+    /* The epilogue's tile, [token][row] words; rows padded by 4 words so that the 32 lanes of a store
+     * (rows g, tokens 2t) fall in 32 banks. */
+    static constexpr int kOutStride = kRows + 4;
+    static constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageBytes + 1024; /* + alignment */
+    static_assert(kStageBytes % 1024 == 0, "the 128-byte swizzle repeats every 1024 bytes");
+    static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kStages * kStageBytes, "the epilogue's tile");
+};
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define BN_SM90A_ASM(...) __trap()
+#else
+#define BN_SM90A_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
+/* d (64 rows x 128 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x 128 signed bytes,
+ * shared memory, descriptor b). */
+__device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    BN_SM90A_ASM("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p;\n"
+                 "}\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+                   "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+                   "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+                   "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+                   "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+                   "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+                   "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_fence() { BN_SM90A_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { BN_SM90A_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Until at most PENDING of this warpgroup's wgmma commit groups are in flight. */
+template <int PENDING>
+__device__ __forceinline__ void wgmma_wait() {
+    BN_SM90A_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
+}
+/* Orders this thread's generic-proxy writes of shared memory (cp.async) before later wgmma reads. */
+__device__ __forceinline__ void fence_async_shared() { BN_SM90A_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/* Descriptor of a K-major x tile of rows of 128 bytes with the 128-byte swizzle, starting `address`
+ * (1024-aligned, plus 32 s for k32 step s): 8-row groups 1024 bytes apart. */
+__device__ __forceinline__ uint64_t x_descriptor(uint32_t address) {
+    return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+/* W_q of 4 consecutive weights as signed bytes: shift `shift` of a packed word. */
+__device__ __forceinline__ uint32_t signed_codes(uint32_t word, int shift) {
+    return (((word >> shift) & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u;
+}
+
+/* y[n, m .. m + 7] from 8 words of the epilogue's tile (float32 values or int32 dots); `vector`: one
+ * or two 16-byte stores (every m + 8 <= M), else one element at a time up to M. */
+__device__ __forceinline__ void store8(const GemmArgs &a, int n, int m, const uint4 &lo, const uint4 &hi,
+                                       bool vector) {
+    const int64_t index = static_cast<int64_t>(n) * a.M + m;
+    const uint32_t v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    if (a.y_dtype == BITNET_DTYPE_I32 || a.y_dtype == BITNET_DTYPE_F32) {
+        uint32_t *y = static_cast<uint32_t *>(a.y) + index;
+        if (vector) {
+            reinterpret_cast<uint4 *>(y)[0] = lo;
+            reinterpret_cast<uint4 *>(y)[1] = hi;
+        } else {
+            for (int i = 0; i < 8 && m + i < a.M; i++) y[i] = v[i];
+        }
+        return;
+    }
+    uint16_t h[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float f = __uint_as_float(v[i]);
+        h[i] = a.y_dtype == BITNET_DTYPE_F16 ? __half_as_ushort(__float2half_rn(f))
+                                             : __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    }
+    uint16_t *y = static_cast<uint16_t *>(a.y) + index;
+    if (vector) {
+        *reinterpret_cast<uint4 *>(y) = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16,
+                                                   h[6] | h[7] << 16);
+    } else {
+        for (int i = 0; i < 8 && m + i < a.M; i++) y[i] = h[i];
+    }
+}
+
+/* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). */
+template <int MT>
+__global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector) {
+    using S = Shape<MT>;
+    constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes;
+    extern __shared__ int4 shared[];
+    const uint32_t smem_base = (shared_address(shared) + 1023) & ~1023u;
+    uint8_t *smem = reinterpret_cast<uint8_t *>(shared) + (smem_base - shared_address(shared));
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, t = lane % 4;
+    const int warpgroup = warp / 4, warp_in_group = warp % 4;
+    const int token0 = blockIdx.x * kTokens, row0 = blockIdx.y * S::kRows;
+    const int k_tiles = a.K / kTileK;
+    const int64_t w_row_bytes = a.K / 4;
+
+    bn_pdl_wait();
+
+    /* Thread tid copies x rows tid / 8 + 32 j (chunk tid % 8) and weight rows tid / 2 + 128 j. */
+    const int x_r = tid / 8, x_c = tid % 8, w_n = tid / 2, w_h = tid % 2;
+    const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + x_c * 16;
+    const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + w_h * 16;
+    const int x_dst = x_tile_offset(x_r, x_c), w_dst = kXBytes + w_tile_offset(w_n, w_h);
+    auto load_stage = [&](int s, int kt) {
+        const uint32_t base = smem_base + s * kStageBytes;
+#pragma unroll
+        for (int j = 0; j < kXBytes / 16 / kThreads; j++) {
+            const bool valid = token0 + x_r + 32 * j < a.N;
+            copy16(base + x_dst + j * 32 * 128, valid ? x_src + static_cast<int64_t>(32 * j) * a.K + kt * kTileK : a.x,
+                   valid);
+        }
+#pragma unroll
+        for (int j = 0; j < S::kWBytes / 16 / kThreads; j++) {
+            const bool valid = row0 + w_n + 128 * j < a.M;
+            copy16(base + w_dst + j * 128 * 32, valid ? w_src + 128 * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
+        }
+    };
+
+    /* This lane's weight rows: tile mt (64 rows) of its warpgroup, rows r and r + 8. */
+    const int a_row = warpgroup * 64 * MT + warp_in_group * 16 + g;
+    const int a_swizzle = (g >> 2) & 1; /* w_tile_offset's, the same for r + 8 and every tile */
+    const int shift = 2 * t;
+
+    /* af[mt][s]: the A fragment of k32 step s of row tile mt, from the stage of tile kt. */
+    auto expand = [&](uint32_t (&af)[MT][4][4], int kt) {
+        const uint8_t *w_tile = smem + (kt % kStages) * kStageBytes + kXBytes;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r = a_row + 64 * mt + 8 * half;
+                const uint4 lo = *reinterpret_cast<const uint4 *>(w_tile + r * 32 + ((0 ^ a_swizzle) << 4));
+                const uint4 hi = *reinterpret_cast<const uint4 *>(w_tile + r * 32 + ((1 ^ a_swizzle) << 4));
+                const uint32_t words[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    af[mt][s][half] = signed_codes(words[2 * s], shift);
+                    af[mt][s][2 + half] = signed_codes(words[2 * s + 1], shift);
+                }
+            }
+        }
+    };
+
+    int acc[MT][64] = {};
+    uint32_t af[2][MT][4][4]; /* [kt % 2]: tile kt + 1's fragments are made while the tensor cores run
+                                 tile kt's (compile-time index: the loop goes by two tiles) */
+    /* Stage s holds tiles s + kStages j; the stage of tile -1 (kStages - 1) starts empty. Copy groups:
+     * one per tile, tile j in group j. */
+#pragma unroll
+    for (int s = 0; s < kStages - 1; s++) {
+        if (s < k_tiles) load_stage(s, s);
+        copy_commit();
+    }
+    copy_wait<kStages - 2>();
+    fence_async_shared();
+    __syncthreads();
+    expand(af[0], 0);
+    /* Tile kt: its wgmmas are issued (one commit group) while tile kt - 1's may still run; once those
+     * are done in this warpgroup (wait_group 1), af[(kt - 1) % 2] is free; the barrier that follows
+     * makes tile kt + 1 visible and means every warpgroup is done with tile kt - 1, whose stage then
+     * takes tile kt + kStages - 1. */
+    auto run_tile = [&](auto cur, int kt) {
+        constexpr int c = decltype(cur)::value;
+        const uint32_t x_tile = smem_base + (kt % kStages) * kStageBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) wgmma_s8(acc[mt], af[c][mt][s], x_descriptor(x_tile + 32 * s));
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (kt + 1 < k_tiles) {
+            copy_wait<kStages - 3>(); /* groups 0 .. kt + kStages - 2 committed: tile kt + 1 landed */
+            fence_async_shared();
+            __syncthreads();
+            if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+            copy_commit();
+            expand(af[c ^ 1], kt + 1);
+        }
+    };
+    for (int kt = 0; kt < k_tiles; kt += 2) {
+        run_tile(std::integral_constant<int, 0>(), kt);
+        if (kt + 1 < k_tiles) run_tile(std::integral_constant<int, 1>(), kt + 1);
+    }
+    wgmma_wait<0>();
+    copy_wait<0>();
+    bn_pdl_launch_dependents();
+
+    /* acc[mt][4 j + 2 half + e]: row a_row + 64 mt + 8 half, token 8 j + 2 t + e. The scales are
+     * loaded before any store (y might alias them as far as the compiler knows). */
+    const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
+    float x_scale[16][2], w_scale[MT][2];
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int n = token0 + 8 * j + 2 * t + e;
+            x_scale[j][e] = scaled_out && n < a.N ? a.x_scales[n] : 1.0f;
+        }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int m = row0 + a_row + 64 * mt + 8 * half;
+            w_scale[mt][half] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
+        }
+    __syncthreads(); /* every warpgroup is done with the stages: they take the epilogue's tile */
+    uint32_t *out = reinterpret_cast<uint32_t *>(smem);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int dot = acc[mt][4 * j + 2 * half + e];
+                    out[(8 * j + 2 * t + e) * S::kOutStride + a_row + 64 * mt + 8 * half] =
+                        scaled_out ? __float_as_uint(scaled(dot, w_scale[mt][half], x_scale[j][e]))
+                                   : static_cast<uint32_t>(dot);
+                }
+    __syncthreads();
+    /* Thread tid stores rows 8 (c % (kRows / 8)) .. + 7 of token c / (kRows / 8), c = tid + kThreads i. */
+    constexpr int kChunks = S::kRows / 8;
+#pragma unroll 4
+    for (int c = tid; c < kTokens * kChunks; c += kThreads) {
+        const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
+        const int n = token0 + n_local, m = row0 + m_local;
+        if (n >= a.N || m >= a.M) continue;
+        const uint4 *src = reinterpret_cast<const uint4 *>(out + n_local * S::kOutStride + m_local);
+        store8(a, n, m, src[0], src[1], vector && m + 8 <= a.M);
+    }
+}
+
+template <int MT>
+bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
+    using S = Shape<MT>;
+    auto kernel = gemm_w2a8_wgmma<MT>;
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
+    const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+    const dim3 grid(bn_ceil_div(a.N, kTokens), bn_ceil_div(a.M, S::kRows));
+    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), S::kSharedBytes, stream, a, vector));
+    return BITNET_OK;
+}
+
+}  // namespace
+
+bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, cudaStream_t stream) {
+    static_assert(BN_GEMM_MAX_M <= 65535LL * 128, "blocks of rows: gridDim.y <= 65535");
+    return rows == 256 ? launch<2>(device, a, stream) : launch<1>(device, a, stream);
+}
