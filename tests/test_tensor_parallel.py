@@ -23,6 +23,14 @@ SPLIT = model.Config(hidden=512, intermediate=1024, layers=2, heads=8, kv_heads=
                      vocab=1000)
 PROMPT = [5, 17, 900, 3, 41]
 FORCED = [7, 300, 2, 999]
+# TP = N against TP = 1, relative logit error per step. Each rank quantizes its slice of o's and
+# down's inputs with its own int8 scale (rmsnorm_partial), a grid at least as fine as TP = 1's one
+# scale per row: the projections then differ from TP = 1's by int8 rounding noise, about 1%
+# relative each (within the bound test_rmsnorm_partial.py checks against float64). Through two
+# random layers that moved the logits by 2-5% per step (CPU and these seeds), with attention
+# made less peaked (quiet_attention): a random model's saturated softmax turns any such change
+# into another key and moved one step's logits by 33%.
+LOGIT_BOUND = 0.1
 
 
 def host_sum(parts, out_dtype):
@@ -144,6 +152,29 @@ def test_launcher_times_out_instead_of_hanging():
 # ---------------------------------------------------------------- tier 1: the split model
 
 
+def quiet_attention(weights, factor=0.1):
+    """The model with its Q and K row scales times `factor`: attention scores factor^2 as large,
+    so that the softmax of a random model is not saturated."""
+    H, kv = weights.config.hidden, weights.config.kv_dim
+    for layer in weights.layers:
+        layer.qkv.scales[:H + kv] *= factor
+    return weights
+
+
+def compare_with_one_rank(tp_logits, one_logits):
+    """The relative logit error per step (asserted under LOGIT_BOUND) and the teacher-forced
+    greedy tokens: equal at every step, except where TP = 1's own top-2 margin is under twice the
+    largest logit difference of that step (a tie within the quantization noise)."""
+    error = np.linalg.norm(tp_logits - one_logits, axis=1) / np.linalg.norm(one_logits, axis=1)
+    assert error.max() < LOGIT_BOUND, error
+    top2 = np.sort(one_logits, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    noise = np.abs(tp_logits - one_logits).max(axis=1)
+    same = tp_logits.argmax(axis=1) == one_logits.argmax(axis=1)
+    assert (same | (margin < 2 * noise)).all(), (same, margin, noise)
+    return error, same
+
+
 def _split_run(group, weights, world):
     session = tp.TPSession(tp.shard_weights(weights, group.rank, world, group.device), group, 32)
     tokens = [session.generate(PROMPT, 3)]
@@ -158,18 +189,17 @@ def _split_run(group, weights, world):
 @pytest.mark.cpu
 def test_split_model_matches_the_unsplit_one_on_simulated_ranks():
     """Ranks as threads on the CPU, collectives as host sums. Every rank must agree bit for bit;
-    against one rank and against model.Session, the logits may differ only where float32 partial
-    sums of o / down round differently (seen: not at all at these sizes), bound 1e-3."""
-    weights = model.random_weights(SPLIT, CPU, seed=3)
+    against one rank, within LOGIT_BOUND (compare_with_one_rank). One rank's TPSession is
+    model.Session's step: equal to it within 1e-3 (float32 sums in another order)."""
+    weights = quiet_attention(model.random_weights(SPLIT, CPU, seed=3))
     one = comm.run_threads(_split_run, 1, weights, 1)[0]
     for world in (2, 4):
         ranks = comm.run_threads(_split_run, world, weights, world)
         for tokens, logits in ranks[1:]:
             assert tokens == ranks[0][0]
             np.testing.assert_array_equal(logits, ranks[0][1])
-        assert ranks[0][0] == one[0]
-        error = np.linalg.norm(ranks[0][1] - one[1], axis=1) / np.linalg.norm(one[1], axis=1)
-        assert error.max() < 1e-3, error
+        error, same = compare_with_one_rank(ranks[0][1], one[1])
+        print(f"TP = {world}: logit error per step {np.round(error, 3)}, same token {same}")
     session = model.Session(weights, 1, 32, CPU)
     session.prefill(np.array([PROMPT]))
     logits = [session.download(session.logits)[0].copy()]
@@ -202,13 +232,12 @@ UNEVEN = model.Config(hidden=768, intermediate=640, layers=2, heads=6, kv_heads=
 @pytest.mark.cpu
 def test_uneven_split_matches_one_rank():
     """3 KV heads, 5 FFN units of 128 and 1001 words over 2 ranks: pieces of unequal size."""
-    weights = model.random_weights(UNEVEN, CPU, seed=4)
+    weights = quiet_attention(model.random_weights(UNEVEN, CPU, seed=4))
     one = comm.run_threads(_split_run, 1, weights, 1)[0]
     two = comm.run_threads(_split_run, 2, weights, 2)
-    assert two[0][0] == two[1][0] == one[0]
+    assert two[0][0] == two[1][0]
     np.testing.assert_array_equal(two[0][1], two[1][1])
-    error = np.linalg.norm(two[0][1] - one[1], axis=1) / np.linalg.norm(one[1], axis=1)
-    assert error.max() < 1e-3, error
+    compare_with_one_rank(two[0][1], one[1])
 
 
 # ---------------------------------------------------------------- multi_gpu
