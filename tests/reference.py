@@ -428,6 +428,19 @@ def valid_call(entry, mem, rng):
                                 y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
                                 y_scales=put(poison((2,), "float32")), stream=NULL),
                     ("y", "y_q", "y_scales"))
+    if entry == "rmsnorm_partial":
+        return Call(entry, dict(device=d, dtype=0, T=2, H=8, x=put(values(rng, (2, 8), "float32")),
+                                weight=put(values(rng, (8,), "float32")),
+                                y_q=put(poison((2, 8), "int8")), y_scales=put(poison((2,), "float32")),
+                                sumsq=put(poison((2,), "float32")), stream=NULL),
+                    ("y_q", "y_scales", "sumsq"))
+    if entry == "glu_rmsnorm_partial":
+        return Call(entry, dict(device=d, dtype=0, T=2, F=8, activation=0,
+                                gate_up=put(values(rng, (2, 16), "float32")),
+                                weight=put(values(rng, (8,), "float32")),
+                                y_q=put(poison((2, 8), "int8")), y_scales=put(poison((2,), "float32")),
+                                sumsq=put(poison((2,), "float32")), stream=NULL),
+                    ("y_q", "y_scales", "sumsq"))
     if entry == "attention":
         q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
         return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,
