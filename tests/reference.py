@@ -154,6 +154,17 @@ def reference_rmsnorm(x, weight, eps, residual=None):
     return y, new_residual
 
 
+def reference_allreduce_rms(xs, rows, n, norm_cols, eps):
+    """bitnet_peer_allreduce_rms's arithmetic in numpy float32, before the rounding to y's dtype:
+    the ranks' x = [rows * n partial sums | rows sums of squares] summed in rank order, then each
+    row times 1 / sqrt(its sum of squares / norm_cols + eps)."""
+    total = np.zeros(rows * n + rows, np.float32)
+    for x in xs:
+        total += x
+    factor = np.float32(1) / np.sqrt(total[rows * n:] / np.float32(norm_cols) + np.float32(eps))
+    return total[:rows * n].reshape(rows, n) * factor[:, None]
+
+
 def reference_rmsnorm_quantize(y):
     """quantize_a8 applied to the float64 norm: (codes, float32 scales, mask of near-ties)."""
     scales = (127.0 / np.maximum(np.abs(y).max(axis=-1), 1e-5)).astype(np.float32)

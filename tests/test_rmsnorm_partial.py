@@ -15,6 +15,7 @@ import pytest
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi._arrays import CPU, DeviceArray
+from reference import reference_allreduce_rms
 
 BF16 = _arrays.numpy_dtype("bfloat16")
 DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BF16}
@@ -76,7 +77,7 @@ def test_gpu_partial_codes_scales_and_sums(dtype, rng):
 
 
 def gated_check(device, rng, dtype, activation):
-    """The gated form is the GLU gate (glu_gate's values, rounded to the dtype) then the plain one."""
+    """The gated form: the GLU gate (glu_gate's values, rounded to the dtype), then the plain one."""
     for T, F in [(1, 3), (2, 384), (1, 3456), (3, 1001)]:
         gate_up = rng.standard_normal((T, 2 * F)).astype(DTYPES[dtype])
         w = (1 + 0.1 * rng.standard_normal(F)).astype(DTYPES[dtype])
@@ -110,16 +111,6 @@ def test_gpu_gated_partial_is_the_gate_then_the_partial_norm(dtype, activation, 
     gated_check(0, rng, dtype, activation)
 
 
-def rms_finish(parts, sumsqs, norm_cols, eps):
-    """bitnet_peer_allreduce_rms's arithmetic: float32 sums in rank order, then the factor."""
-    total, ss = np.zeros_like(parts[0], np.float32), np.zeros_like(sumsqs[0], np.float32)
-    for p, s in zip(parts, sumsqs):
-        total += p
-        ss += s
-    factor = np.float32(1) / np.sqrt(ss / np.float32(norm_cols) + np.float32(eps))
-    return total * factor[:, None]
-
-
 @pytest.mark.cpu
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_split_projection_is_within_the_int8_bound_of_float64(world, rng):
@@ -146,7 +137,8 @@ def test_split_projection_is_within_the_int8_bound_of_float64(world, rng):
         parts.append(bn.gemv_w2a8(cols, q, s, out_dtype="float32"))
         sumsqs.append(ss)
         half_steps[:, a:b] = 0.5 / s[:, None]
-    got = rms_finish(parts, sumsqs, K, eps).astype(np.float64)
+    got = reference_allreduce_rms([np.concatenate([p.reshape(-1), ss]) for p, ss in
+                                   zip(parts, sumsqs)], T, M, K, eps).astype(np.float64)
     bound = (half_steps / rms[:, None]) @ np.abs(dense).T + 1e-5 * np.abs(want).max()
     assert (np.abs(got - want) <= bound).all(), np.abs(got - want).max() / bound.max()
     q1, s1 = bn.rmsnorm_quantize(v, w, eps=eps)

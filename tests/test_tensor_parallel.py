@@ -13,6 +13,7 @@ from bitnet_ffi import _arrays, _ffi, comm, launcher, model
 from bitnet_ffi import tensor_parallel as tp
 from bitnet_ffi._arrays import CPU
 from bitnet_ffi.errors import InvalidArgumentError, RankFailedError, UnsupportedError
+from reference import reference_allreduce_rms
 
 ffi = _ffi.ffi
 BF16 = _arrays.numpy_dtype("bfloat16")
@@ -44,16 +45,23 @@ def host_sum(parts, out_dtype):
 # ---------------------------------------------------------------- tier 1: the C ABI on the CPU
 
 
-def cpu_peer_call(x, y, world=1, rank=0, max_bytes=None):
+def host_peer_buffer(max_bytes, world=1):
+    """A peer buffer in host memory for the CPU backend (aligned to 256 bytes), `world` table
+    entries all pointing at it: (the array that owns it, the table, the buffer's bytes)."""
     nbytes = ffi.new("int64_t *")
-    _ffi.call("peer_buffer_size", max_bytes or max(x.nbytes, 1), nbytes)
+    _ffi.call("peer_buffer_size", max_bytes, nbytes)
     buffer = np.zeros(nbytes[0] + 256, np.uint8)
     start = (-buffer.ctypes.data) % 256
     table = ffi.new("void *[]", [ffi.cast("void *", buffer.ctypes.data + start)] * world)
+    return buffer, table, nbytes[0]
+
+
+def cpu_peer_call(x, y, world=1, rank=0, max_bytes=None):
+    _buffer, table, nbytes = host_peer_buffer(max_bytes or max(x.nbytes, 1), world)
     codes = _arrays.DTYPE_CODES
     name = {np.dtype(v): k for k, v in DTYPES.items()}
     _ffi.call("peer_allreduce", CPU, codes[name[x.dtype]], codes[name[y.dtype]], x.size,
-              ffi.from_buffer(x), ffi.from_buffer(y), table, world, rank, nbytes[0], ffi.NULL)
+              ffi.from_buffer(x), ffi.from_buffer(y), table, world, rank, nbytes, ffi.NULL)
 
 
 @pytest.mark.cpu
@@ -65,16 +73,6 @@ def test_cpu_single_rank_allreduce_rounds_to_y_dtype(n, x_dtype, y_dtype, rng):
     y = np.full(n, np.nan, DTYPES[y_dtype])
     cpu_peer_call(x, y)
     np.testing.assert_array_equal(y.view(np.uint8), host_sum([x], DTYPES[y_dtype]).view(np.uint8))
-
-
-def rms_reference(parts, rows, n, norm_cols, eps, out_dtype):
-    """bitnet_peer_allreduce_rms's arithmetic in numpy float32: sums in rank order, then each row
-    times 1 / sqrt(sum of squares / norm_cols + eps), rounded once."""
-    total = np.zeros(rows * n + rows, np.float32)
-    for p in parts:
-        total += p
-    factor = np.float32(1) / np.sqrt(total[rows * n:] / np.float32(norm_cols) + np.float32(eps))
-    return (total[:rows * n].reshape(rows, n) * factor[:, None]).astype(out_dtype)
 
 
 def rms_inputs(rng, parts, rows, n):
@@ -89,14 +87,11 @@ def rms_inputs(rng, parts, rows, n):
 def test_cpu_single_rank_allreduce_rms_divides_each_row(rows, n, y_dtype, rng):
     x = rms_inputs(rng, 1, rows, n)[0]
     y = np.full((rows, n), np.nan, DTYPES[y_dtype])
-    nbytes = ffi.new("int64_t *")
-    _ffi.call("peer_buffer_size", x.nbytes, nbytes)
-    buffer = np.zeros(nbytes[0] + 256, np.uint8)
-    table = ffi.new("void *[]", [ffi.cast("void *", buffer.ctypes.data + (-buffer.ctypes.data) % 256)])
+    _buffer, table, nbytes = host_peer_buffer(x.nbytes)
     _ffi.call("peer_allreduce_rms", CPU, _arrays.DTYPE_CODES[y_dtype], rows, n, 3 * n, 1e-5,
-              ffi.cast("float *", ffi.from_buffer(x)), ffi.from_buffer(y), table, 1, 0, nbytes[0],
+              ffi.cast("float *", ffi.from_buffer(x)), ffi.from_buffer(y), table, 1, 0, nbytes,
               ffi.NULL)
-    want = rms_reference([x], rows, n, 3 * n, 1e-5, DTYPES[y_dtype])
+    want = reference_allreduce_rms([x], rows, n, 3 * n, 1e-5).astype(DTYPES[y_dtype])
     np.testing.assert_array_equal(y.view(np.uint8), want.view(np.uint8))
 
 
@@ -122,12 +117,9 @@ def test_cpu_peer_calls_refuse_bad_input(rng):
 def test_cpu_single_rank_allgather_copies(n, rng):
     x = rng.standard_normal(n).astype(BF16)
     y = np.full(n, np.nan, BF16)
-    nbytes = ffi.new("int64_t *")
-    _ffi.call("peer_buffer_size", x.nbytes, nbytes)
-    buffer = np.zeros(nbytes[0] + 256, np.uint8)
-    table = ffi.new("void *[]", [ffi.cast("void *", buffer.ctypes.data + (-buffer.ctypes.data) % 256)])
+    _buffer, table, nbytes = host_peer_buffer(x.nbytes)
     _ffi.call("peer_allgather", CPU, 2, ffi.new("int64_t[]", [n]), ffi.from_buffer(x),
-              ffi.from_buffer(y), table, 1, 0, nbytes[0], ffi.NULL)
+              ffi.from_buffer(y), table, 1, 0, nbytes, ffi.NULL)
     np.testing.assert_array_equal(y.view(np.uint16), x.view(np.uint16))
 
 
@@ -343,7 +335,7 @@ def _collectives_rank(ctx, method, seed, replays):
                 want = np.concatenate(parts, axis=1)
                 ok = np.array_equal(got.view(np.uint16), want.view(np.uint16))
             elif kind == "rms":
-                want = rms_reference(parts, y.shape[0], n, 3 * n, 1e-5, BF16)
+                want = reference_allreduce_rms(parts, y.shape[0], n, 3 * n, 1e-5).astype(BF16)
                 if method == "peer":  # bit-exact: the same float32 steps in the same order
                     ok = np.array_equal(got.view(np.uint16), want.view(np.uint16))
                 else:  # NCCL's sum order: within two bfloat16 roundings

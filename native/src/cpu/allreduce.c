@@ -1,6 +1,6 @@
 /* CPU backend of the peer collectives: a single rank (the CPU has no peers), so the all-reduce is
- * x rounded to y's dtype, the all-gather a copy, and the RMS form each row times 1 / sqrt(its sum of
- * squares / norm_cols + eps) in float32, as the GPU computes it. */
+ * x rounded to y's dtype, the all-gather a copy, and the RMS form each row times
+ * 1 / sqrt(its sum of squares / norm_cols + eps) in float32, as the GPU computes it. */
 #include <math.h>
 
 #include "../internal.h"
