@@ -9,8 +9,9 @@ the CPU for tests), in the Megatron layout:
   by the RMS), runs its part of the projection into float32 partial sums, and appends its slice's
   sum of squares; one all-reduce sums both and divides each row by sqrt(sum / width + eps), rounded
   to bfloat16 once (comm's all_reduce_rms). Each rank's int8 grid is at least as fine as one scale
-  for the whole row would be, so a rank's codes differ from one GPU's by at most one of one GPU's
-  steps; the logits differ from one GPU's by that much quantization noise.
+  for the whole row would be, so each value differs from one GPU's by at most one of one GPU's
+  int8 steps: the projections differ by int8 rounding noise, which a random model's later layers
+  amplify (docs/tensor_parallel.md gives the figures; greedy tokens may part at near-ties).
 - The output head is split by vocabulary; the ranks' logits are all-gathered and every rank takes
   the same argmax (numpy's tie rule over the whole vocabulary, as one GPU).
 The ranks agree bit for bit (the all-reduce adds in rank order on every rank).
