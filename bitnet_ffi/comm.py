@@ -194,8 +194,9 @@ class Group:
         self.ctx.check()
 
     def close(self):
-        """Frees the buffers and the communicator; close every graph that captured NCCL calls
-        first (Graph.close): NCCL's destroy waits for those graphs, so it would wait forever."""
+        """Frees the buffers and the communicator. Close every graph that captured NCCL calls
+        first (Graph.close): NCCL's destroy waits for such graphs (a test that closed its group
+        with the graph alive ran past its time limit; closing the graph first, it passed)."""
         self.peer.close()
         if self.nccl is not None:
             self.nccl.close()
