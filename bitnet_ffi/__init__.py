@@ -12,6 +12,7 @@ from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import glu_gate, relu2_gate, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
                    rmsnorm_quantize)
+from .norm import glu_rmsnorm_partial, rmsnorm_partial
 from .sampling import sample
 from .ternary import (TernaryWeights, cpu_isa, gemv_w2a8, pack_ternary, quantize_a8,
                       quantize_i2s, set_cpu_isa)
@@ -25,6 +26,7 @@ __all__ = [
     "device_synchronize", "BitNetError", "InvalidArgumentError", "ArgumentTypeError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
     "LibraryNotFoundError", "ConfigurationError", "CorruptFileError",
+    "rmsnorm_partial", "glu_rmsnorm_partial",
 ]
 
 __version__ = "0.1.0"

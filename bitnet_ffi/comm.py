@@ -51,6 +51,7 @@ class PeerBuffers:
                 pointers[r] = int(_ffi.ffi.cast("uintptr_t", out[0]))
                 self.opened.append(pointers[r])
         self.table = _ffi.ffi.new("void *[]", [_ffi.ffi.cast("void *", p) for p in pointers])
+        self.own_table = _ffi.ffi.new("void *[]", [_ffi.ffi.cast("void *", self.own.ptr)])
 
     def _call(self, name, named, stream):
         arrays, device, handle = _arrays.prepare(named, stream, writes=("out",))
@@ -68,6 +69,28 @@ class PeerBuffers:
         _ffi.call("peer_allreduce", self.device, DTYPE_CODES[xa.dtype], DTYPE_CODES[oa.dtype],
                   xa.size, xa.cptr(), oa.cptr(), self.table, self.world, self.rank, self.nbytes,
                   handle)
+        return out
+
+    def all_reduce_rms(self, x, out, norm_cols, eps, stream=None, alone=False):
+        """The all-reduce after a row-parallel projection of rmsnorm_partial's codes, with the
+        norm's division (bitnet_peer_allreduce_rms): x float32, [T * n partial outputs | T sums of
+        squares]; out [T, n] (or [n]) = the summed outputs of each row / sqrt(its summed sum of
+        squares / norm_cols + eps). ``alone``: this rank's x only, the division alone (x already
+        summed elsewhere, by NCCL)."""
+        arrays, handle = self._call("allreduce_rms", {"x": x, "out": out}, stream)
+        oa = _arrays.check(arrays["out"], "out", FLOAT_DTYPES, (None,) * len(arrays["out"].shape))
+        if not oa.shape:
+            raise InvalidArgumentError("out: expected an array [T, n] or [n], got a scalar")
+        n = oa.shape[-1]
+        T = oa.size // n
+        xa = _arrays.check(arrays["x"], "x", "float32", (None,) * len(arrays["x"].shape))
+        if xa.size != T * n + T:
+            raise InvalidArgumentError(f"x: expected {T} * {n} outputs and {T} sums of squares "
+                                       f"({T * n + T} float32), got {xa.describe()}")
+        world, rank, table = (1, 0, self.own_table) if alone else (self.world, self.rank, self.table)
+        _ffi.call("peer_allreduce_rms", self.device, DTYPE_CODES[oa.dtype], T, n,
+                  _arrays.integer(norm_cols, "norm_cols"), _arrays.number(eps, "eps"),
+                  xa.cptr("float *"), oa.cptr(), table, world, rank, self.nbytes, handle)
         return out
 
     def all_gather(self, x, out, counts=None, stream=None):
@@ -125,6 +148,14 @@ class Group:
             return self.nccl.all_reduce(x, out, stream=stream)
         return self.peer.all_reduce(x, out, stream=stream)
 
+    def all_reduce_rms(self, x, out, norm_cols, eps, stream=None):
+        """PeerBuffers.all_reduce_rms; with NCCL, its in-place sum of x, then the division alone
+        (x is overwritten)."""
+        if self.method == "nccl" and self.nccl is not None:
+            self.nccl.all_reduce(x, x, stream=stream)
+            return self.peer.all_reduce_rms(x, out, norm_cols, eps, stream=stream, alone=True)
+        return self.peer.all_reduce_rms(x, out, norm_cols, eps, stream=stream)
+
     def all_gather(self, x, out, counts=None, stream=None):
         """out = the ranks' x end to end (rank r's piece: counts[r] elements, default equal)."""
         if self.method == "nccl" and self.nccl is not None:
@@ -163,6 +194,9 @@ class Group:
         self.ctx.check()
 
     def close(self):
+        """Frees the buffers and the communicator. Close every graph that captured NCCL calls
+        first (Graph.close): NCCL's destroy waits for such graphs (a test that closed its group
+        with the graph alive ran past its time limit; closing the graph first, it passed)."""
         self.peer.close()
         if self.nccl is not None:
             self.nccl.close()
@@ -193,6 +227,19 @@ class ThreadGroup:
         for value in self._exchange(x):
             total += value.astype(np.float32)
         out[...] = total.astype(out.dtype)
+        return out
+
+    def all_reduce_rms(self, x, out, norm_cols, eps, stream=None):
+        """The peer kernel's arithmetic in numpy float32: sums in rank order, then each row times
+        1 / sqrt(sum of squares / norm_cols + eps), rounded once."""
+        total = np.zeros(np.size(x), dtype=np.float32)
+        for value in self._exchange(x):
+            total += value.reshape(-1).astype(np.float32)
+        n = out.shape[-1]
+        rows = out.size // n
+        sums = total[:rows * n].reshape(rows, n)
+        factor = np.float32(1) / np.sqrt(total[rows * n:] / np.float32(norm_cols) + np.float32(eps))
+        out[...] = (sums * factor[:, None]).astype(out.dtype).reshape(out.shape)
         return out
 
     def all_gather(self, x, out, counts=None, stream=None):

@@ -79,8 +79,15 @@ class Graph:
         if exc_type is None:
             _ffi.check(status)
             self.handle = out[0]
-            weakref.finalize(self, _ffi.lib().bitnet_graph_destroy, self.handle)
+            self._destroy = weakref.finalize(self, _ffi.lib().bitnet_graph_destroy, self.handle)
         return False
+
+    def close(self):
+        """Destroys the graph now (else when it is garbage): a graph holding NCCL collectives must
+        go before its communicator, whose destruction waits for every such graph."""
+        if self.handle is not None:
+            self._destroy()
+            self.handle = None
 
     def launch(self):
         _ffi.call("graph_launch", self.handle, self.stream.handle)

@@ -1,6 +1,6 @@
 """RMSNorm and its fused variants: the residual add or the gate of a GLU before it and the int8
-quantization after it (docs/rmsnorm.md). Every function runs one bitnet_rmsnorm call, or one
-bitnet_glu_rmsnorm call for the gate."""
+quantization after it (docs/rmsnorm.md), and the half of it that one rank of a tensor-parallel
+model runs on its slice of a row (rmsnorm_partial). Every function runs one C call."""
 import math
 
 from . import _arrays, _ffi
@@ -127,6 +127,72 @@ def relu2_rmsnorm_quantize(gate_up, weight, eps=1e-5, out=None, y_out=None, stre
         raise InvalidArgumentError("weight: expected an array [F], got None "
                                    "(glu_rmsnorm_quantize takes None: no norm)")
     return glu_rmsnorm_quantize(gate_up, weight, "relu2", eps, out, y_out, stream)
+
+
+def rmsnorm_partial(x, weight, out=None, sumsq=None, stream=None):
+    """One rank's half of an RMSNorm whose rows are split across ranks (tensor parallelism: x is
+    this rank's slice of each row, weight the same slice of the norm's weight), fused with the
+    per-token int8 quantization, for a row-parallel projection after it::
+
+        p = x * weight                                   (float32, not divided by the RMS)
+        scales = 127 / max(max(|p|, axis=-1), 1e-5)      (float32)
+        y_q = clip(rint(p * scales[..., None]), -128, 127)
+        sumsq = sum(x ** 2, axis=-1)                     (float32)
+
+    The ranks' projections of the codes, summed, divided by ``sqrt(sum of the ranks' sumsq /
+    width + eps)`` (width: the whole row's), give the projection of the whole row's RMSNorm:
+    comm's ``all_reduce_rms`` does that. Each rank's scale comes from its own slice's max, so its
+    codes are at least as fine as one scale for the whole row.
+
+    Parameters
+    ----------
+    x : array [..., H], float32, float16 or bfloat16
+    weight : array [H], the dtype of x
+    out : (y_q, scales) with y_q int8 [..., H] and scales float32 [...], optional
+    sumsq : float32 array [...], optional
+    stream : CUDA stream, optional
+
+    Returns
+    -------
+    (y_q, scales, sumsq)
+    """
+    return _partial(x, weight, None, out, sumsq, stream)
+
+
+def glu_rmsnorm_partial(gate_up, weight, activation="relu2", out=None, sumsq=None, stream=None):
+    """rmsnorm_partial of ``v = glu_gate(gate_up, activation)`` (rounded to gate_up's dtype, as
+    glu_rmsnorm_quantize computes it), reading gate_up [..., 2F] once: this rank's slice of the
+    FFN's gated activations before a row-parallel down projection. weight: [F]. Returns
+    (y_q [..., F], scales, sumsq)."""
+    return _partial(gate_up, weight, activation_code(activation), out, sumsq, stream)
+
+
+def _partial(x, weight, gate, out, sumsq, stream):
+    """The one bitnet_rmsnorm_partial or bitnet_glu_rmsnorm_partial call."""
+    gated = gate is not None
+    y_q, scales = _quantized_pair(out)
+    name = "gate_up" if gated else "x"
+    arrays, device, handle = _arrays.prepare(
+        {name: x, "weight": weight, "y_q": y_q, "scales": scales, "sumsq": sumsq}, stream,
+        writes=("y_q", "scales", "sumsq"), optional=("y_q", "scales", "sumsq"))
+    xa = arrays[name]
+    if len(xa.shape) == 0 or (gated and xa.shape[-1] % 2):
+        raise InvalidArgumentError(f"{name}: expected an array [..., {'2F' if gated else 'H'}], "
+                                   f"got {list(xa.shape)}")
+    _arrays.check(xa, name, FLOAT_DTYPES, xa.shape)
+    H, T = xa.shape[-1] // (2 if gated else 1), math.prod(xa.shape[:-1])
+    _arrays.check(arrays["weight"], "weight", xa.dtype, (H,))
+    rows = xa.shape[:-1]
+    y_q, qa = _arrays.output(arrays, "y_q", y_q, xa, rows + (H,), "int8")
+    scales, sa = _arrays.output(arrays, "scales", scales, xa, rows, "float32")
+    sumsq, ssa = _arrays.output(arrays, "sumsq", sumsq, xa, rows, "float32")
+    tail = (arrays["weight"].cptr(), qa.cptr("int8_t *"), sa.cptr("float *"), ssa.cptr("float *"),
+            handle)
+    if gated:
+        _ffi.call("glu_rmsnorm_partial", device, DTYPE_CODES[xa.dtype], T, H, gate, xa.cptr(), *tail)
+    else:
+        _ffi.call("rmsnorm_partial", device, DTYPE_CODES[xa.dtype], T, H, xa.cptr(), *tail)
+    return y_q, scales, sumsq
 
 
 def _quantized_pair(out):

@@ -2,18 +2,23 @@
 the CPU for tests), in the Megatron layout:
 
 - QKV and gate|up split by output rows (each rank has heads / world query heads, kv_heads / world
-  KV heads and its KV cache, intermediate / world FFN columns); o and down split by input columns,
-  each followed by one all-reduce of float32 partial sums, rounded to bfloat16 once.
-- BitNet's sub-norms (before o and before down) normalize and int8-quantize the whole row, so the
-  rank's slice of the attention output (and of the squared-ReLU gate) is all-gathered first, and
-  every rank computes the same norm and scale as one GPU would.
+  KV heads and its KV cache, intermediate / world FFN columns); o and down split by input columns.
+- BitNet's sub-norms (before o and before down) need the whole row's sum of squares, a scalar per
+  token, and nothing else of the other ranks: each rank applies its slice of the norm's weight to
+  its own slice of the row, quantizes it to int8 with its own scale (rmsnorm_partial: not divided
+  by the RMS), runs its part of the projection into float32 partial sums, and appends its slice's
+  sum of squares; one all-reduce sums both and divides each row by sqrt(sum / width + eps), rounded
+  to bfloat16 once (comm's all_reduce_rms). Each rank's int8 grid is at least as fine as one scale
+  for the whole row would be, so each value differs from one GPU's by at most one of one GPU's
+  int8 steps: the projections differ by int8 rounding noise, which a random model's later layers
+  amplify (docs/tensor_parallel.md gives the figures; greedy tokens may part at near-ties).
 - The output head is split by vocabulary; the ranks' logits are all-gathered and every rank takes
   the same argmax (numpy's tie rule over the whole vocabulary, as one GPU).
-So the ranks agree bit for bit, and differ from one GPU only where the o / down sums round
-differently (float32 partials added in rank order).
+The ranks agree bit for bit (the all-reduce adds in rank order on every rank).
 
-Per layer a decode step makes 4 collectives (2 gathers, 2 all-reduces), plus one for the head;
-on one rank none, and the step is the unsplit model's (model.Session's ops, in its order).
+Per layer a decode step makes 2 collectives (the all-reduces after o and down), plus one gather
+for the head; on one rank none, and the step is the unsplit model's (model.Session's ops, in its
+order).
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
 1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``: 5 KV heads over 2 ranks
 are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host), ``random_shard``
@@ -30,8 +35,9 @@ from .attention import attention, attention_workspace_size
 from .cuda_graph import Graph, Stream
 from .errors import InvalidArgumentError, UnsupportedError
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer_glue import relu2_gate, rope_append_kv
-from .norm import add_rmsnorm, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .layer_glue import rope_append_kv
+from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsnorm_partial,
+                   rmsnorm_quantize)
 from .ternary import TernaryWeights, gemv_w2a8
 
 BF16 = "bfloat16"
@@ -92,9 +98,9 @@ class ShardLayer:
     gate_up: object  # [2 I_r, H]: this rank's gate rows, then its up rows
     down: object     # [H, I_r]
     attn_norm: object
-    attn_sub_norm: object  # full widths: the norms run on whole (gathered) rows
+    attn_sub_norm: object  # [heads_r * head_dim]: this rank's slice (the o projection's columns)
     ffn_norm: object
-    ffn_sub_norm: object
+    ffn_sub_norm: object   # [I_r]: this rank's slice
 
 
 @dataclass
@@ -143,8 +149,8 @@ def shard_weights(weights, rank, world, device):
             o=cols(layer.o, q0, q),
             gate_up=rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
             down=cols(layer.down, f0, inter),
-            attn_norm=put(layer.attn_norm), attn_sub_norm=put(layer.attn_sub_norm),
-            ffn_norm=put(layer.ffn_norm), ffn_sub_norm=put(layer.ffn_sub_norm)))
+            attn_norm=put(layer.attn_norm), attn_sub_norm=put(layer.attn_sub_norm[q0:q0 + q]),
+            ffn_norm=put(layer.ffn_norm), ffn_sub_norm=put(layer.ffn_sub_norm[f0:f0 + inter])))
     table = put(weights.embedding)
     return Shard(c, sp, rank, layers, put(weights.final_norm), table, table[v0:v0 + vocab])
 
@@ -181,10 +187,10 @@ def random_shard(config, rank, world, device, seed=0):
         return target
 
     bf16 = _arrays.numpy_dtype(BF16)
-    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, c.intermediate)}
+    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, hq * D, inter)}
     layers = [ShardLayer(**{name: TernaryWeights(copy(p), copy(s)) for name, (p, s) in pools.items()},
-                         attn_norm=ones[H], attn_sub_norm=ones[H], ffn_norm=ones[H],
-                         ffn_sub_norm=ones[c.intermediate])
+                         attn_norm=ones[H], attn_sub_norm=ones[hq * D], ffn_norm=ones[H],
+                         ffn_sub_norm=ones[inter])
               for _ in range(c.layers)]
     table = DeviceArray((c.vocab, H), BF16, device)
     block = DeviceArray.from_numpy(
@@ -217,22 +223,21 @@ class TPSession:
         self.solo = sp.world == 1  # no collectives: the unsplit model's step
         H, I, D = c.hidden, c.intermediate, c.head_dim
         hq, hkv = sp.heads[r], sp.kv_heads[r]
-        self.counts = {"attn": [h * D for h in sp.heads], "gate": list(sp.intermediate),
-                       "logits": list(sp.vocab)}
+        self.vocab_counts = list(sp.vocab)
         cache = (1, capacity, hkv, D)
         self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.positions, self.seq_lens = self.alloc((1,), "int32"), self.alloc((1,), "int32")
+        # part: o's or down's float32 partial sums [H], then the slice's sum of squares
         b = {"ids": self.alloc((1,), "int32"), "h": self.alloc((1, H), BF16),
-             "proj": self.alloc((1, H), BF16), "part": self.alloc((1, H), "float32"),
+             "proj": self.alloc((1, H), BF16), "part": self.alloc((H + 1,), "float32"),
              "x_q": self.alloc((1, max(H, I)), "int8"), "x_s": self.alloc((1,), "float32"),
              "qkv": self.alloc((1, (hq + 2 * hkv) * D), BF16),
-             "attn": self.alloc((1, 1, hq, D), BF16), "attn_full": self.alloc((1, H), BF16),
+             "attn": self.alloc((1, 1, hq, D), BF16),
              "gate_up": self.alloc((1, 2 * sp.intermediate[r]), BF16),
-             "gate": self.alloc((1, sp.intermediate[r]), BF16),
-             "gate_full": self.alloc((1, I), BF16), "y": self.alloc((1, H), BF16),
+             "y": self.alloc((1, H), BF16),
              "logits_part": self.alloc((1, sp.vocab[r]), "float32"),
-             "logits": self.alloc((1, c.vocab), "float32")}
+             "logits": self.alloc((1, c.vocab), "float32"), "sync": self.alloc((4,), "float32")}
         if self.solo:  # the head's output is the whole row
             b["logits_part"] = b["logits"]
         flat = b["qkv"].reshape(-1)
@@ -272,10 +277,41 @@ class TPSession:
         self.upload([0], self.positions)
         self.upload([1], self.seq_lens)
 
+    def time_decode(self, replays):
+        """Device ms per decode step (the graph, after at least one decode), every timed run of
+        `replays` replays starting from the position and input token now, which are put back
+        afterwards (replays past the KV cache's end would time steps whose attention does no
+        work). Before each run the ranks meet in a collective on the stream, so that no rank's
+        timed run includes waiting for another's host-side reset."""
+        position = int(self.download(self.positions)[0])
+        ids = int(self.download(self.b["ids"])[0])
+        if position + replays + 1 > self.capacity:
+            raise InvalidArgumentError(f"time_decode: {replays} replays from position {position} "
+                                       f"overflow the KV cache of {self.capacity}")
+
+        def reset():
+            self.upload([position], self.positions)
+            self.upload([position + 1], self.seq_lens)
+            self.upload([ids], self.b["ids"])
+            if self.stream is not None:
+                self.group.all_reduce(self.b["sync"], self.b["sync"], stream=self.stream)
+
+        ms = self.graph.time_ms(replays, reset)
+        reset()
+        self.synchronize()
+        return ms
+
+    def close(self):
+        """Destroys the step's graph (before the group is closed: Group.close says why)."""
+        if self.graph is not None:
+            self.synchronize()
+            self.graph.close()
+            self.graph = None
+
     def step(self):
         """One token through every layer: b["ids"] in, its greedy successor written over it."""
         c, s, b = self.config, self.shard, self.b
-        H, st, counts = c.hidden, self.stream, self.counts
+        H, st = c.hidden, self.stream
         kw = {"stream": st}
         embedding(s.embedding, b["ids"], out=b["h"], **kw)
         residual = None
@@ -291,48 +327,50 @@ class TPSession:
                            self.positions, theta=c.theta, **kw)
             attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
                       seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"], **kw)
-            attn = self.gather(b["attn"], b["attn_full"], "attn")
-            self.row_parallel(layer.o, attn, layer.attn_sub_norm, counts["attn"])
+            self.row_parallel(layer.o, b["attn"].reshape(1, -1), layer.attn_sub_norm, None,
+                              c.hidden)
             rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
                              out=(x_q, x_s), **kw)
             gemv_w2a8(layer.gate_up, x_q, x_s, out_dtype=BF16, out=b["gate_up"], **kw)
-            if self.solo:  # one rank: the gate fused into the sub-norm, as model.Session runs it
-                g_q = _cols(b["x_q"], c.intermediate)
-                relu2_rmsnorm_quantize(b["gate_up"], layer.ffn_sub_norm, eps=c.eps,
-                                       out=(g_q, x_s), **kw)
-                gemv_w2a8(layer.down, g_q, x_s, out_dtype=BF16, out=b["proj"], **kw)
-            else:
-                relu2_gate(b["gate_up"], out=b["gate"], **kw)
-                self.row_parallel(layer.down, self.gather(b["gate"], b["gate_full"], "gate"),
-                                  layer.ffn_sub_norm, counts["gate"])
+            self.row_parallel(layer.down, b["gate_up"], layer.ffn_sub_norm, c.activation,
+                              c.intermediate)
             residual = b["h"]
         add_rmsnorm(b["proj"], b["h"], s.final_norm, eps=c.eps, out=b["y"], **kw)
         gemv_bf16(s.head, b["y"], out=b["logits_part"], **kw)
-        argmax(self.gather(b["logits_part"], b["logits"], "logits"), out=b["ids"], **kw)
+        if not self.solo:
+            self.group.all_gather(b["logits_part"], b["logits"], counts=self.vocab_counts,
+                                  stream=st)
+        argmax(b["logits"], out=b["ids"], **kw)
         add_int32(self.positions, 1, **kw)
         add_int32(self.seq_lens, 1, **kw)
 
-    def gather(self, piece, full, kind):
-        """The whole row from the ranks' pieces (`piece` itself on one rank)."""
+    def row_parallel(self, weights, x, norm_weight, activation, width):
+        """b["proj"] = W subnorm(v) for the input-column-split W, v this rank's slice of a row of
+        `width` (x itself, or with an activation the GLU gate of the gate|up projection x). On one
+        rank the unsplit model's ops: the norm, int8, the GEMV into bfloat16. Otherwise the
+        norm's first half on the slice (its own int8 scale), this rank's float32 partial sums
+        with the slice's sum of squares after them, and the all-reduce that sums both and
+        divides by the whole row's RMS."""
+        b, st, eps = self.b, self.stream, self.config.eps
+        cols = x.shape[-1] // (2 if activation else 1)
+        x_q, x_s = _cols(b["x_q"], cols), b["x_s"]
         if self.solo:
-            return piece.reshape(1, -1)
-        self.group.all_gather(piece, full, counts=self.counts[kind], stream=self.stream)
-        return full
-
-    def row_parallel(self, weights, full, norm_weight, counts):
-        """proj = W x for the input-column-split W: the whole row `full` (the ranks' pieces of
-        `counts` elements) normalized and quantized the same on every rank, this rank's columns'
-        partial sums in float32, all-reduced (on one rank: the GEMV's bfloat16 output itself)."""
-        b, st, r = self.b, self.stream, self.shard.rank
-        x_q, x_s = _cols(b["x_q"], sum(counts)), b["x_s"]
-        rmsnorm_quantize(full, norm_weight, eps=self.config.eps, out=(x_q, x_s), stream=st)
-        if self.solo:
+            if activation:
+                glu_rmsnorm_quantize(x, norm_weight, activation=activation, eps=eps,
+                                     out=(x_q, x_s), stream=st)
+            else:
+                rmsnorm_quantize(x, norm_weight, eps=eps, out=(x_q, x_s), stream=st)
             gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b["proj"], stream=st)
             return
-        start = Split.start(counts, r)
-        mine = x_q.reshape(-1)[start:start + counts[r]].reshape(1, counts[r])
-        gemv_w2a8(weights, mine, x_s, out_dtype="float32", out=b["part"], stream=st)
-        self.group.all_reduce(b["part"], b["proj"], stream=st)
+        H = self.config.hidden
+        sums, sumsq = b["part"][:H].reshape(1, H), b["part"][H:]
+        if activation:
+            glu_rmsnorm_partial(x, norm_weight, activation=activation, out=(x_q, x_s),
+                                sumsq=sumsq, stream=st)
+        else:
+            rmsnorm_partial(x, norm_weight, out=(x_q, x_s), sumsq=sumsq, stream=st)
+        gemv_w2a8(weights, x_q, x_s, out_dtype="float32", out=sums, stream=st)
+        self.group.all_reduce_rms(b["part"], b["proj"], width, eps, stream=st)
 
     def decode(self, token=None):
         """One step; `token` (a host int) replaces the step's input, which is otherwise the last

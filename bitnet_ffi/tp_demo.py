@@ -20,35 +20,55 @@ SHAPES = {
 TIMED_REPLAYS = 20
 
 
-def decode_rank(ctx, config, prompt_len, tokens, method, seed):
-    """One rank: random packed weights on its GPU, the prompt and `tokens` greedy tokens, then the
-    decode step's graph timed. Returns the rank's figures."""
+def decode_rank(ctx, configs, prompt_len, tokens, method, seed):
+    """One rank: for each config in turn, random packed weights on its GPU, the prompt and `tokens`
+    greedy tokens, then the decode step's graph timed from the position reached (every timed run
+    restarts there: TPSession.time_decode). Returns the rank's figures, one dict per config."""
+    import gc
+
     from . import comm
     from . import tensor_parallel as tp
-    start = time.perf_counter()
-    shard = tp.random_shard(config, ctx.rank, ctx.world, ctx.device, seed)
-    weights_s = time.perf_counter() - start
     group = comm.Group(ctx, method=method)
-    capacity = prompt_len + tokens + 3 * TIMED_REPLAYS + 2
-    session = tp.TPSession(shard, group, capacity)
-    prompt = np.random.default_rng(seed + 1).integers(0, config.vocab, prompt_len)
-    generated = session.generate(prompt, tokens)
-    ms = session.graph.time_ms(TIMED_REPLAYS)
-    session.synchronize()
+    figures = []
+    for config in configs:
+        start = time.perf_counter()
+        shard = tp.random_shard(config, ctx.rank, ctx.world, ctx.device, seed)
+        weights_s = time.perf_counter() - start
+        session = tp.TPSession(shard, group, prompt_len + tokens + TIMED_REPLAYS + 2)
+        prompt = np.random.default_rng(seed + 1).integers(0, config.vocab, prompt_len)
+        generated = session.generate(prompt, tokens)
+        ms = session.time_decode(TIMED_REPLAYS)
+        session.close()
+        figures.append({"rank": ctx.rank, "ms_per_token": ms, "tokens": generated,
+                        "weights_s": weights_s})
+        del session, shard
+        gc.collect()  # the shard's device memory goes before the next config's
     group.close()
-    return {"rank": ctx.rank, "ms_per_token": ms, "tokens": generated, "weights_s": weights_s}
+    return figures
+
+
+def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900):
+    """Runs decode_rank on `tp` GPUs (one process set for all configs); for each config the
+    slowest rank's step time and rank 0's tokens."""
+    from .launcher import run_ranks
+    ranks = run_ranks(decode_rank, tp, args=(list(configs), prompt_len, tokens, method, seed),
+                      timeout=timeout)
+    results = []
+    for index, config in enumerate(configs):
+        per_rank = [r[index] for r in ranks]
+        if any(r["tokens"] != per_rank[0]["tokens"] for r in per_rank):
+            raise BitNetError(f"the ranks' greedy tokens differ: {[r['tokens'] for r in per_rank]}")
+        results.append({"tp": tp, "method": method,
+                        "ms_per_token": max(r["ms_per_token"] for r in per_rank),
+                        "tokens": per_rank[0]["tokens"],
+                        "weights_s": max(r["weights_s"] for r in per_rank),
+                        "ternary_gb": config.ternary_bytes() / 1e9})
+    return results
 
 
 def run(config, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900):
-    """Runs decode_rank on `tp` GPUs; returns the slowest rank's step time and rank 0's tokens."""
-    from .launcher import run_ranks
-    ranks = run_ranks(decode_rank, tp, args=(config, prompt_len, tokens, method, seed),
-                      timeout=timeout)
-    if any(r["tokens"] != ranks[0]["tokens"] for r in ranks):
-        raise BitNetError(f"the ranks' greedy tokens differ: {[r['tokens'] for r in ranks]}")
-    return {"tp": tp, "method": method, "ms_per_token": max(r["ms_per_token"] for r in ranks),
-            "tokens": ranks[0]["tokens"], "weights_s": max(r["weights_s"] for r in ranks),
-            "ternary_gb": config.ternary_bytes() / 1e9}
+    """run_configs of one config."""
+    return run_configs([config], tp, prompt_len, tokens, method, seed, timeout)[0]
 
 
 def add_arguments(parser):

@@ -154,6 +154,17 @@ def reference_rmsnorm(x, weight, eps, residual=None):
     return y, new_residual
 
 
+def reference_allreduce_rms(xs, rows, n, norm_cols, eps):
+    """bitnet_peer_allreduce_rms's arithmetic in numpy float32, before the rounding to y's dtype:
+    the ranks' x = [rows * n partial sums | rows sums of squares] summed in rank order, then each
+    row times 1 / sqrt(its sum of squares / norm_cols + eps)."""
+    total = np.zeros(rows * n + rows, np.float32)
+    for x in xs:
+        total += x
+    factor = np.float32(1) / np.sqrt(total[rows * n:] / np.float32(norm_cols) + np.float32(eps))
+    return total[:rows * n].reshape(rows, n) * factor[:, None]
+
+
 def reference_rmsnorm_quantize(y):
     """quantize_a8 applied to the float64 norm: (codes, float32 scales, mask of near-ties)."""
     scales = (127.0 / np.maximum(np.abs(y).max(axis=-1), 1e-5)).astype(np.float32)
@@ -428,6 +439,19 @@ def valid_call(entry, mem, rng):
                                 y=put(poison((2, 8), "float32")), y_q=put(poison((2, 8), "int8")),
                                 y_scales=put(poison((2,), "float32")), stream=NULL),
                     ("y", "y_q", "y_scales"))
+    if entry == "rmsnorm_partial":
+        return Call(entry, dict(device=d, dtype=0, T=2, H=8, x=put(values(rng, (2, 8), "float32")),
+                                weight=put(values(rng, (8,), "float32")),
+                                y_q=put(poison((2, 8), "int8")), y_scales=put(poison((2,), "float32")),
+                                sumsq=put(poison((2,), "float32")), stream=NULL),
+                    ("y_q", "y_scales", "sumsq"))
+    if entry == "glu_rmsnorm_partial":
+        return Call(entry, dict(device=d, dtype=0, T=2, F=8, activation=0,
+                                gate_up=put(values(rng, (2, 16), "float32")),
+                                weight=put(values(rng, (8,), "float32")),
+                                y_q=put(poison((2, 8), "int8")), y_scales=put(poison((2,), "float32")),
+                                sumsq=put(poison((2,), "float32")), stream=NULL),
+                    ("y_q", "y_scales", "sumsq"))
     if entry == "attention":
         q, kv = (1, 2, 4, 64), (1, 5, 2, 64)
         return Call(entry, dict(device=d, dtype=code, B=1, Sq=2, Hq=4, Hkv=2, D=64,

@@ -59,7 +59,8 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
-              "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32")
+              "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
+              "rmsnorm_partial", "glu_rmsnorm_partial")
 
 
 # ---------------------------------------------------------------- the mutation table
@@ -191,6 +192,23 @@ MUTATIONS = {
         Mutation("y_scales", "ALIAS:y", INVALID, "y and y_scales overlap"),
     ] + nulls("gate_up", "weight") + misaligned("gate_up", "weight", "y", "y_scales")
       + host_pointers("gate_up", "weight", "y", "y_q", "y_scales"),
+    "rmsnorm_partial": bad_devices() + non_positive("must be >= 1", "T", "H") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("T", BIG, INVALID, "overflows"),
+        Mutation("T", 1 << 59, INVALID, "overflow a 64-bit byte count"),
+        Mutation("y_q", "ALIAS:x", INVALID, "overlap"),
+        Mutation("sumsq", "ALIAS:y_scales", INVALID, "y_scales and sumsq overlap"),
+    ] + pointers("x", "weight", "y_q", "y_scales", "sumsq",
+                 aligned=("x", "weight", "y_scales", "sumsq")),
+    "glu_rmsnorm_partial": bad_devices() + non_positive("must be >= 1", "T", "F") + [
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("activation", -1, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("F", 1 << 62, INVALID, "T*2F overflows"),
+        Mutation("y_q", "ALIAS:gate_up", INVALID, "gate_up and y_q overlap"),
+        Mutation("sumsq", "ALIAS:weight", INVALID, "weight and sumsq overlap"),
+    ] + pointers("gate_up", "weight", "y_q", "y_scales", "sumsq",
+                 aligned=("gate_up", "weight", "y_scales", "sumsq")),
     "attention": bad_devices() + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C")
     + [
         Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
@@ -458,6 +476,16 @@ RUNTIME_CASES = [
      (UNSUPPORTED, "y_dtype int32 is not supported")),
     ("peer_allreduce", [-1, 0, 0, 0, "host", "host", "NULL", 1, 0, 4608, "NULL"],
      (INVALID, "n must be at least 1")),
+    ("peer_allreduce_rms", [-1, 2, 1, 3, 3, 1e-5, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (INVALID, "buffers is NULL")),
+    ("peer_allreduce_rms", [-1, 3, 1, 3, 3, 1e-5, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (UNSUPPORTED, "y_dtype int8 is not supported")),
+    ("peer_allreduce_rms", [-1, 2, 1, 3, 0, 1e-5, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (INVALID, "must be at least 1")),
+    ("peer_allreduce_rms", [-1, 2, 1, 3, 3, -1.0, "host", "host", "NULL", 1, 0, 4608, "NULL"],
+     (INVALID, "eps must be finite")),
+    ("peer_allreduce_rms", [-1, 2, 1 << 40, 1 << 40, 3, 1e-5, "host", "host", "NULL", 1, 0, 4608,
+                            "NULL"], (INVALID, "overflows")),
     ("peer_allgather", [-1, 0, "host", "host", "host", "NULL", 0, 0, 4608, "NULL"],
      (INVALID, "world must be in [1, 8]")),
     ("peer_allgather", [-1, 0, "host", "host", "host", "NULL", 9, 0, 4608, "NULL"],
@@ -618,6 +646,15 @@ def python_cases(rng):
         ("rmsnorm_quantize scales shape",
          lambda: bn.rmsnorm_quantize(x, w, out=(np.zeros((3, 8), np.int8), nan_like((2,)))),
          InvalidArgumentError, "scales: expected shape [3]", []),
+        ("rmsnorm_partial weight shape",
+         lambda: bn.rmsnorm_partial(x, w[:7], out=(np.zeros((3, 8), np.int8), nan_like((3,)))),
+         InvalidArgumentError, "weight: expected shape [8]", []),
+        ("rmsnorm_partial sumsq shape", lambda: bn.rmsnorm_partial(x, w, sumsq=nan_like((2,))),
+         InvalidArgumentError, "sumsq: expected shape [3]", []),
+        ("glu_rmsnorm_partial odd width", lambda: bn.glu_rmsnorm_partial(f32(rng, 3, 9), w[:4]),
+         InvalidArgumentError, "gate_up: expected an array [..., 2F]", []),
+        ("glu_rmsnorm_partial activation", lambda: bn.glu_rmsnorm_partial(gate, w[:5], "gelu"),
+         InvalidArgumentError, "activation must be", []),
         ("relu2_rmsnorm odd width", lambda: bn.relu2_rmsnorm_quantize(f32(rng, 3, 9), w[:4]),
          InvalidArgumentError, "gate_up: expected shape [..., 2F]", []),
         ("relu2_rmsnorm weight shape", lambda: bn.relu2_rmsnorm_quantize(gate, w[:4], out=gq),

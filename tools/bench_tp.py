@@ -1,8 +1,9 @@
 """Tensor-parallel decode ms/token of random-weight BitNet models at TP = 1, 2, 4 (as many as the
 machine has GPUs), for the 2B4T, Falcon3-10B and 70B shapes, through `python -m bitnet_ffi tp`'s
-code (bitnet_ffi/tp_demo.py): batch 1, a 16-token prompt, the decode step a CUDA graph per rank,
-timed by replays (median of 3 runs of 20), the slowest rank. A shape that a TP size cannot run
-(head dim 256 attention, say) is reported with the reason.
+code (bitnet_ffi/tp_demo.py): batch 1, a 16-token prompt and 8 tokens, the decode step a CUDA
+graph per rank, timed by replays (median of 3 runs of 20, each from the same position:
+TPSession.time_decode), the slowest rank. One process set per TP size runs every shape in turn. A
+shape that a TP size cannot split is reported with the reason.
 
     python tools/bench_tp.py [--shapes 2b4t 70b] [--tp 1 2 4] [--method peer] [--json out.json]
 """
@@ -15,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main():
-    from bitnet_ffi import _ffi, tp_demo
+    from bitnet_ffi import _ffi, tensor_parallel, tp_demo
     from bitnet_ffi.errors import BitNetError
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(tp_demo.SHAPES),
@@ -27,21 +28,35 @@ def main():
     args = parser.parse_args()
     count = _ffi.ffi.new("int32_t *")
     _ffi.call("device_count", count, _ffi.ffi.NULL)
+    configs = {shape: tp_demo.SHAPES[shape] for shape in args.shapes}
+    if args.layers:
+        configs = {shape: tp_demo.Config(**{**c.__dict__, "layers": args.layers})
+                   for shape, c in configs.items()}
+    rows = {}
+    for tp in [t for t in args.tp if t <= count[0]]:
+        shapes = []
+        for shape in args.shapes:
+            rows[shape, tp] = {"shape": shape, "layers": configs[shape].layers, "tp": tp,
+                               "method": args.method}
+            try:
+                tensor_parallel.split(configs[shape], tp)
+                shapes.append(shape)
+            except BitNetError as exc:
+                rows[shape, tp]["error"] = str(exc)[:300]
+        try:  # one process set per TP size, running every shape in turn
+            for shape, result in zip(shapes, tp_demo.run_configs([configs[s] for s in shapes], tp,
+                                                                 method=args.method)):
+                rows[shape, tp].update(result)
+        except BitNetError as exc:
+            for shape in shapes:
+                rows[shape, tp]["error"] = str(exc).splitlines()[0][:300]
     results = []
     for shape in args.shapes:
-        config = tp_demo.SHAPES[shape]
-        if args.layers:
-            config = tp_demo.Config(**{**config.__dict__, "layers": args.layers})
-        base = None
-        for tp in [t for t in args.tp if t <= count[0]]:
-            row = {"shape": shape, "layers": config.layers, "tp": tp, "method": args.method}
-            try:
-                row.update(tp_demo.run(config, tp, method=args.method))
-            except BitNetError as exc:
-                row["error"] = str(exc).splitlines()[0][:300]
-            if "ms_per_token" in row:
-                base = base or (row["ms_per_token"] if tp == 1 else None)
-                row["speedup"] = base / row["ms_per_token"] if base else None
+        base = rows.get((shape, 1), {}).get("ms_per_token")
+        for tp in [t for t in args.tp if (shape, t) in rows]:
+            row = rows[shape, tp]
+            if "ms_per_token" in row and base:
+                row["speedup"] = base / row["ms_per_token"]
             results.append(row)
             speed = f", {row['speedup']:.2f}x TP=1" if row.get("speedup") else ""
             print(f"{shape:12s} TP={tp}: " + (f"{row['ms_per_token']:.3f} ms/token{speed}, "

@@ -207,6 +207,31 @@ bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int
                                    void *y /* [T, F] or NULL */, int8_t *y_q /* [T, F] or NULL */,
                                    float *y_scales /* [T], with y_q */, void *stream);
 
+/* One rank's half of an RMSNorm whose rows are split across ranks (tensor parallelism: this rank
+ * holds H of a row's H_total columns), fused with the int8 quantization, for a row-parallel
+ * projection after it (docs/tensor_parallel.md). For each row t, v = x[t] and p = v * weight in
+ * float32, not divided by the RMS:
+ *   y_scales[t] = 127 / max(max |p|, 1e-5), y_q[t] = clamp(rint(p * y_scales[t]), -128, 127),
+ *   sumsq[t] = sum of v^2 (float32);
+ * a row with a p that is not finite gets y_scales[t] = NaN and y_q[t] = -128 throughout. The sum
+ * over ranks of a projection of the codes, divided by sqrt(sum over ranks of sumsq / H_total +
+ * eps), is the projection of the whole row's RMSNorm (bitnet_peer_allreduce_rms does both sums
+ * and the division). The codes are those of bitnet_rmsnorm's y_q on this slice alone, up to the
+ * float32 rounding of the factor 1 / RMS that this op leaves out. dtype: float32, float16 or
+ * bfloat16 for x and weight. No arrays may overlap. Programmatic dependent launch on a GPU. */
+bitnet_status bitnet_rmsnorm_partial(int32_t device, int32_t dtype, int64_t T, int64_t H,
+                                     const void *x /* [T, H] */, const void *weight /* [H] */,
+                                     int8_t *y_q /* [T, H] */, float *y_scales /* [T] */,
+                                     float *sumsq /* [T] */, void *stream);
+
+/* bitnet_rmsnorm_partial of v = the GLU gate of gate_up (as bitnet_glu_rmsnorm computes it, rounded
+ * to dtype): the slice of the FFN's gated activations before a row-parallel down projection. */
+bitnet_status bitnet_glu_rmsnorm_partial(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                         int32_t activation, const void *gate_up /* [T, 2F] */,
+                                         const void *weight /* [F] */, int8_t *y_q /* [T, F] */,
+                                         float *y_scales /* [T] */, float *sumsq /* [T] */,
+                                         void *stream);
+
 /* ---- Attention and the glue of a BitNet layer ---- */
 
 /* Grouped-query attention with an online softmax accumulated in float32 (docs/attention.md):
@@ -363,6 +388,21 @@ bitnet_status bitnet_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_d
                                     const void *x /* [n] */, void *y /* [n] */,
                                     void *const *buffers /* [world] */, int32_t world,
                                     int32_t rank, int64_t buffer_bytes, void *stream);
+
+/* The all-reduce after a row-parallel projection of bitnet_rmsnorm_partial's codes, with the
+ * norm's division: x = [T * n float32 partial outputs | T float32 sums of squares] on each rank,
+ *   y[t, i] = (sum_r x_r[t * n + i]) / sqrt((sum_r x_r[T * n + t]) / norm_cols + eps),
+ * both sums in float32, ranks in order 0 .. world - 1, the factor 1 / sqrt(...) in float32 (IEEE
+ * sqrt and division), rounded once to y_dtype (float32, float16 or bfloat16): every rank gets the
+ * same bits. norm_cols: the whole normalized row's width (all ranks' slices); eps: finite, >= 0.
+ * The protocol, buffers and failure rules are bitnet_peer_allreduce's ((T * n + T) * 4 bytes per
+ * rank). world = 1: the division alone, of this rank's x (on a GPU the buffer is not touched: the
+ * finish of sums made elsewhere, by NCCL say). */
+bitnet_status bitnet_peer_allreduce_rms(int32_t device, int32_t y_dtype, int64_t T, int64_t n,
+                                        int64_t norm_cols, float eps,
+                                        const float *x /* [T * n + T] */, void *y /* [T, n] */,
+                                        void *const *buffers /* [world] */, int32_t world,
+                                        int32_t rank, int64_t buffer_bytes, void *stream);
 
 /* One-shot all-gather, the same protocol: y = x_0 | x_1 | ... | x_{world-1}, rank r's piece of
  * counts[r] elements (a host array of world counts, the same on every rank; pieces may differ in

@@ -1,6 +1,8 @@
 /* Public entry points of the one-shot collectives over peer memory and of the CUDA IPC handles
  * that share the peer buffers between processes: the checks here, the work in cuda/allreduce.cu
  * (and cpu/allreduce.c for a single rank). */
+#include <math.h>
+
 #include "internal.h"
 
 bitnet_status bitnet_peer_buffer_size(int64_t max_bytes, int64_t *bytes) {
@@ -89,6 +91,31 @@ bitnet_status bitnet_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_d
     if (device == BITNET_DEVICE_CPU) return bn_cpu_peer_allreduce(x_dtype, y_dtype, n, x, y);
     return BN_CUDA(bn_cuda_peer_allreduce(device, x_dtype, y_dtype, n, x, y, buffers, world, rank,
                                           slot_bytes, stream));
+}
+
+bitnet_status bitnet_peer_allreduce_rms(int32_t device, int32_t y_dtype, int64_t T, int64_t n,
+                                        int64_t norm_cols, float eps, const float *x, void *y,
+                                        void *const *buffers, int32_t world, int32_t rank,
+                                        int64_t buffer_bytes, void *stream) {
+    const char *op = "bitnet_peer_allreduce_rms";
+    BN_TRY(bn_check_device(device));
+    BN_TRY(bn_check_float_dtype(op, "y_dtype", y_dtype));
+    BN_CHECK(T >= 1 && n >= 1 && norm_cols >= 1,
+             "%s: T, n and norm_cols must be at least 1, got T=%lld, n=%lld, norm_cols=%lld", op,
+             (long long)T, (long long)n, (long long)norm_cols);
+    BN_CHECK(n <= INT64_MAX / T - 1, "%s: T*n + T overflows (T=%lld, n=%lld)", op, (long long)T,
+             (long long)n);
+    BN_CHECK(isfinite(eps) && eps >= 0.0f, "%s: eps must be finite and >= 0, got %g", op,
+             (double)eps);
+    BN_TRY(bn_check_size("bitnet_peer_allreduce_rms: x", T * n + T, 4));
+    BN_TRY(bn_check_size("bitnet_peer_allreduce_rms: y", T * n, bn_dtype_size(y_dtype)));
+    int64_t slot_bytes = 0;
+    BN_TRY(check_peer_call(op, device, (T * n + T) * 4, T * n * bn_dtype_size(y_dtype), 0, x, y,
+                           buffers, world, rank, buffer_bytes, &slot_bytes));
+    if (device == BITNET_DEVICE_CPU)
+        return bn_cpu_peer_allreduce_rms(y_dtype, T, n, norm_cols, eps, x, y);
+    return BN_CUDA(bn_cuda_peer_allreduce_rms(device, y_dtype, T, n, norm_cols, eps, x, y, buffers,
+                                              world, rank, slot_bytes, stream));
 }
 
 bitnet_status bitnet_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,

@@ -186,6 +186,15 @@ bitnet_status bn_cpu_glu_rmsnorm(int32_t dtype, int64_t T, int64_t F, int32_t ac
 bitnet_status bn_cuda_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                   int32_t activation, const void *gate_up, const void *weight,
                                   float eps, void *y, int8_t *y_q, float *y_scales, void *stream);
+/* bitnet_rmsnorm_partial (activation -1: x [T, H]) and bitnet_glu_rmsnorm_partial (a
+ * bitnet_activation: x is gate_up [T, 2H]): the codes of v * weight, not divided by the RMS, and
+ * the sum of v^2 per row. */
+bitnet_status bn_cpu_rmsnorm_partial(int32_t dtype, int64_t T, int64_t H, int32_t activation,
+                                     const void *x, const void *weight, int8_t *y_q,
+                                     float *y_scales, float *sumsq);
+bitnet_status bn_cuda_rmsnorm_partial(int32_t device, int32_t dtype, int64_t T, int64_t H,
+                                      int32_t activation, const void *x, const void *weight,
+                                      int8_t *y_q, float *y_scales, float *sumsq, void *stream);
 /* Checks that activation is a bitnet_activation. */
 bitnet_status bn_check_activation(const char *fn, int32_t activation);
 
@@ -223,6 +232,12 @@ bitnet_status bn_cpu_peer_allreduce(int32_t x_dtype, int32_t y_dtype, int64_t n,
 bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_dtype, int64_t n,
                                      const void *x, void *y, void *const *buffers, int32_t world,
                                      int32_t rank, int64_t slot_bytes, void *stream);
+bitnet_status bn_cpu_peer_allreduce_rms(int32_t y_dtype, int64_t T, int64_t n, int64_t norm_cols,
+                                        float eps, const float *x, void *y);
+bitnet_status bn_cuda_peer_allreduce_rms(int32_t device, int32_t y_dtype, int64_t T, int64_t n,
+                                         int64_t norm_cols, float eps, const float *x, void *y,
+                                         void *const *buffers, int32_t world, int32_t rank,
+                                         int64_t slot_bytes, void *stream);
 bitnet_status bn_cuda_peer_allgather(int32_t device, int32_t dtype, const int64_t *counts,
                                      const void *x, void *y, void *const *buffers, int32_t world,
                                      int32_t rank, int64_t slot_bytes, void *stream);

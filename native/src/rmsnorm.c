@@ -1,5 +1,6 @@
-/* bitnet_rmsnorm, bitnet_glu_rmsnorm and its squared-ReLU form bitnet_relu2_rmsnorm: argument
- * checks (one shared routine), then the CPU or CUDA backend. */
+/* bitnet_rmsnorm, bitnet_glu_rmsnorm and its squared-ReLU form bitnet_relu2_rmsnorm, and the split
+ * rows' halves bitnet_rmsnorm_partial / bitnet_glu_rmsnorm_partial: argument checks (one shared
+ * routine), then the CPU or CUDA backend. */
 #include <math.h>
 #include <stdio.h>
 
@@ -13,10 +14,12 @@ typedef struct {
     int weight_optional;
 } norm_op;
 
-/* Every check of both entry points. `in` is x, or gate_up when gated; residual is NULL when gated. */
+/* Every check of the entry points. `in` is x, or gate_up when gated; residual is NULL when gated;
+ * sumsq is given by the partial ones only (with y NULL and y_q required). */
 static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype, int64_t T,
                                 int64_t H, const void *in, const void *residual, const void *weight,
-                                float eps, const void *y, const int8_t *y_q, const float *y_scales) {
+                                float eps, const void *y, const int8_t *y_q, const float *y_scales,
+                                const float *sumsq) {
     const char *fn = op->fn, *in_name = op->gated ? "gate_up" : "x", *width = op->gated ? "F" : "H";
     const int64_t factor = op->gated ? 2 : 1; /* input elements per output element */
     BN_TRY(bn_check_device(device));
@@ -48,7 +51,8 @@ static bitnet_status check_norm(const norm_op *op, int32_t device, int32_t dtype
                                {"y", y, bytes, size,
                                 BN_WRITTEN | BN_OPTIONAL | (op->gated ? 0 : BN_MAY_EQUAL(0))},
                                {"y_q", y_q, T * H, 1, BN_WRITTEN | BN_OPTIONAL},
-                               {"y_scales", y_scales, T * 4, 4, BN_WRITTEN | BN_OPTIONAL}};
+                               {"y_scales", y_scales, T * 4, 4, BN_WRITTEN | BN_OPTIONAL},
+                               {"sumsq", sumsq, T * 4, 4, BN_WRITTEN | BN_OPTIONAL}};
     return bn_check_arrays(fn, device, arrays, BN_COUNT(arrays),
                            op->gated ? "no arrays may overlap" : "only y == x, in place, is allowed");
 }
@@ -57,7 +61,7 @@ bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H
                              void *residual, const void *weight, float eps, void *y, int8_t *y_q,
                              float *y_scales, void *stream) {
     static const norm_op op = {"bitnet_rmsnorm", 0, 0};
-    BN_TRY(check_norm(&op, device, dtype, T, H, x, residual, weight, eps, y, y_q, y_scales));
+    BN_TRY(check_norm(&op, device, dtype, T, H, x, residual, weight, eps, y, y_q, y_scales, NULL));
     return device == BITNET_DEVICE_CPU
                ? bn_cpu_rmsnorm(dtype, T, H, x, residual, weight, eps, y, y_q, y_scales)
                : BN_CUDA(bn_cuda_rmsnorm(device, dtype, T, H, x, residual, weight, eps, y, y_q,
@@ -69,7 +73,7 @@ static bitnet_status glu_rmsnorm(const norm_op *op, int32_t device, int32_t dtyp
                                  const void *weight, float eps, void *y, int8_t *y_q,
                                  float *y_scales, void *stream) {
     BN_TRY(bn_check_activation(op->fn, activation));
-    BN_TRY(check_norm(op, device, dtype, T, F, gate_up, NULL, weight, eps, y, y_q, y_scales));
+    BN_TRY(check_norm(op, device, dtype, T, F, gate_up, NULL, weight, eps, y, y_q, y_scales, NULL));
     BN_CHECK(weight || y_q, "%s: without a weight (no norm) y is the gate alone: ask for y_q too, "
              "or call bitnet_glu_gate", op->fn);
     return device == BITNET_DEVICE_CPU
@@ -92,4 +96,36 @@ bitnet_status bitnet_relu2_rmsnorm(int32_t device, int32_t dtype, int64_t T, int
     static const norm_op op = {"bitnet_relu2_rmsnorm", 1, 0};
     return glu_rmsnorm(&op, device, dtype, T, F, BITNET_ACTIVATION_RELU2, gate_up, weight, eps, y,
                        y_q, y_scales, stream);
+}
+
+/* Both partial entry points: activation -1 for x [T, H], else gate_up [T, 2H]. No eps (the
+ * division is the caller's): the shared checks get 1. */
+static bitnet_status rmsnorm_partial(const norm_op *op, int32_t device, int32_t dtype, int64_t T,
+                                     int64_t H, int32_t activation, const void *x,
+                                     const void *weight, int8_t *y_q, float *y_scales, float *sumsq,
+                                     void *stream) {
+    if (op->gated) BN_TRY(bn_check_activation(op->fn, activation));
+    BN_CHECK(y_q && y_scales && sumsq, "%s: %s is NULL", op->fn,
+             !y_q ? "y_q" : !y_scales ? "y_scales" : "sumsq");
+    BN_TRY(check_norm(op, device, dtype, T, H, x, NULL, weight, 1.0f, NULL, y_q, y_scales, sumsq));
+    return device == BITNET_DEVICE_CPU
+               ? bn_cpu_rmsnorm_partial(dtype, T, H, activation, x, weight, y_q, y_scales, sumsq)
+               : BN_CUDA(bn_cuda_rmsnorm_partial(device, dtype, T, H, activation, x, weight, y_q,
+                                                 y_scales, sumsq, stream));
+}
+
+bitnet_status bitnet_rmsnorm_partial(int32_t device, int32_t dtype, int64_t T, int64_t H,
+                                     const void *x, const void *weight, int8_t *y_q,
+                                     float *y_scales, float *sumsq, void *stream) {
+    static const norm_op op = {"bitnet_rmsnorm_partial", 0, 0};
+    return rmsnorm_partial(&op, device, dtype, T, H, -1, x, weight, y_q, y_scales, sumsq, stream);
+}
+
+bitnet_status bitnet_glu_rmsnorm_partial(int32_t device, int32_t dtype, int64_t T, int64_t F,
+                                         int32_t activation, const void *gate_up,
+                                         const void *weight, int8_t *y_q, float *y_scales,
+                                         float *sumsq, void *stream) {
+    static const norm_op op = {"bitnet_glu_rmsnorm_partial", 1, 0};
+    return rmsnorm_partial(&op, device, dtype, T, F, activation, gate_up, weight, y_q, y_scales,
+                           sumsq, stream);
 }

@@ -4,7 +4,9 @@
  * only where the float32 mean square is not a normal float: the sum again in float64; (2) y and/or
  * the int8 codes. Gated (bitnet_glu_rmsnorm), every pass computes its chunk of v from the gate_up
  * row with bn_cpu_glu_span, rounded to the dtype as bitnet_glu_gate stores it; without a weight,
- * the weights are ones and 1 / RMS is 1 (no norm: y = v, the codes quantize_a8's). */
+ * the weights are ones and 1 / RMS is 1 (no norm: y = v, the codes quantize_a8's). Partial
+ * (bitnet_rmsnorm_partial): 1 / RMS is 1 with the weight applied, and the float32 sum of squares is
+ * written per row. */
 #include <float.h>
 #include <math.h>
 
@@ -26,6 +28,7 @@ typedef struct {
     void *y;
     int8_t *y_q;
     float *y_scales;
+    float *sumsq; /* not NULL: partial (no division by the RMS) */
 } norm_args;
 
 /* v[0..n) = elements [c, c+n) of row `row` of the values normalized as float32: x, the residual
@@ -84,7 +87,7 @@ static void norm_row(const norm_args *a, int64_t row) {
      * TINY_ROW_SCALE, exact, and 1 / RMS is divided by pre (as the CUDA loop kernel does). */
     const float mean_square = sum / (float)H + a->eps;
     float r, pre = 1.0f;
-    if (!a->weight) {
+    if (!a->weight || a->sumsq) {
         r = 1.0f;
     } else if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
         r = 1.0f / sqrtf(mean_square);
@@ -126,6 +129,7 @@ static void norm_row(const norm_args *a, int64_t row) {
         }
     }
     if (a->y_q) a->y_scales[row] = scale;
+    if (a->sumsq) a->sumsq[row] = sum;
 }
 
 static bitnet_status norm_rows(const norm_args *a, int64_t T) {
@@ -137,13 +141,22 @@ static bitnet_status norm_rows(const norm_args *a, int64_t T) {
 bitnet_status bn_cpu_rmsnorm(int32_t dtype, int64_t T, int64_t H, const void *x, void *residual,
                              const void *weight, float eps, void *y, int8_t *y_q,
                              float *y_scales) {
-    const norm_args args = {dtype, H, 0, 0, x, residual, weight, eps, y, y_q, y_scales};
+    const norm_args args = {dtype, H, 0, 0, x, residual, weight, eps, y, y_q, y_scales, NULL};
     return norm_rows(&args, T);
 }
 
 bitnet_status bn_cpu_glu_rmsnorm(int32_t dtype, int64_t T, int64_t F, int32_t activation,
                                  const void *gate_up, const void *weight, float eps, void *y,
                                  int8_t *y_q, float *y_scales) {
-    const norm_args args = {dtype, F, 1, activation, gate_up, NULL, weight, eps, y, y_q, y_scales};
+    const norm_args args = {dtype, F, 1, activation, gate_up, NULL, weight, eps, y, y_q, y_scales,
+                            NULL};
+    return norm_rows(&args, T);
+}
+
+bitnet_status bn_cpu_rmsnorm_partial(int32_t dtype, int64_t T, int64_t H, int32_t activation,
+                                     const void *x, const void *weight, int8_t *y_q,
+                                     float *y_scales, float *sumsq) {
+    const norm_args args = {dtype, H, activation >= 0, activation, x, NULL, weight, 1.0f, NULL,
+                            y_q, y_scales, sumsq};
     return norm_rows(&args, T);
 }

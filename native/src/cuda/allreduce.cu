@@ -9,7 +9,10 @@
  * their call e - 2 (the last reader of that slot) ended. The epoch counters live in the buffer and
  * advance on the device, so a captured graph of these calls replays any number of times.
  * 2 H100s (NVLink), in a graph: 5.0-5.2 us per call at 5-32 KB, 5.5 at 64 KB, 6.7-7.5 at 128 KB;
- * NCCL 2.28.9 6.6-7.1 us (tools/bench_allreduce.py). */
+ * NCCL 2.28.9 6.6-7.1 us (tools/bench_allreduce.py).
+ * The RMS form (bitnet_peer_allreduce_rms) also sums each row's trailing sum of squares and scales
+ * the row by 1 / sqrt(sum / norm_cols + eps); those sums may sit in any block's range, so each of its
+ * blocks waits for every block's flags. With world = 1 no buffer is touched: x is read directly. */
 #include "common.cuh"
 
 namespace {
@@ -20,6 +23,12 @@ constexpr unsigned long long kTimeoutNs = 30ull * 1000 * 1000 * 1000;
 struct Peers {
     char *p[BN_PEER_MAX_RANKS];
     int64_t counts[BN_PEER_MAX_RANKS];  // the all-gather's piece of each rank
+};
+
+/* The RMS form's rows: x = [rows * cols partial sums | rows sums of squares]. */
+struct Rms {
+    int64_t rows, cols, norm_cols;
+    float eps;
 };
 
 __device__ __forceinline__ uint32_t *flag_at(char *buffer, int block, int rank) {
@@ -42,18 +51,22 @@ __device__ __forceinline__ unsigned long long global_ns() {
     return t;
 }
 
-/* This block's flag exchange for `epoch`, after its part of the data is in this rank's slot.
- * Returns true when the call was aborted (bitnet_peer_abort); traps after kTimeoutNs. */
-__device__ bool arrive_and_wait(const Peers &peers, int world, int rank, uint32_t epoch) {
+/* This block's flag exchange for `epoch`, after its part of the data is in this rank's slot; with
+ * every_block, the wait covers every block's flags (all the data), not only its own. Returns true
+ * when the call was aborted (bitnet_peer_abort); traps after kTimeoutNs. */
+__device__ bool arrive_and_wait(const Peers &peers, int world, int rank, uint32_t epoch,
+                                bool every_block) {
     __shared__ int aborted;
     if (threadIdx.x == 0) aborted = 0;
     __syncthreads();  // the block's data stores happen before the flags below
-    if (threadIdx.x < world) {
-        // No fence before the release: it is cumulative, so it also publishes the block's data
-        // stores ordered before it by the barrier (vLLM's custom all-reduce relies on the same).
-        // A __threadfence_system() here cost 1.5 us per call (6.6 -> 5.1 us, 2 H100s).
-        store_release(flag_at(peers.p[threadIdx.x], blockIdx.x, rank), epoch);
-        const uint32_t *mine = flag_at(peers.p[rank], blockIdx.x, threadIdx.x);
+    // No fence before the release: it is cumulative, so it also publishes the block's data
+    // stores ordered before it by the barrier (vLLM's custom all-reduce relies on the same).
+    // A __threadfence_system() here cost 1.5 us per call (6.6 -> 5.1 us, 2 H100s).
+    if (threadIdx.x < world) store_release(flag_at(peers.p[threadIdx.x], blockIdx.x, rank), epoch);
+    const int waiters = every_block ? world * (int)gridDim.x : world;
+    if ((int)threadIdx.x < waiters) {
+        const int block = every_block ? (int)threadIdx.x / world : (int)blockIdx.x;
+        const uint32_t *mine = flag_at(peers.p[rank], block, (int)threadIdx.x % world);
         const volatile uint32_t *abort_word =
             reinterpret_cast<const volatile uint32_t *>(peers.p[rank] + BN_PEER_ABORT_OFFSET);
         const unsigned long long start = global_ns();
@@ -70,36 +83,46 @@ __device__ bool arrive_and_wait(const Peers &peers, int world, int rank, uint32_
 }
 
 /* kGather: y = the ranks' pieces (peers.counts[r] elements each) end to end, n the largest piece,
- * this rank's x of peers.counts[rank]; otherwise y[i] = sum_r x_r[i], x of n elements. */
-template <typename TX, typename TY, bool kGather>
+ * this rank's x of peers.counts[rank]; otherwise y[i] = sum_r x_r[i], x of n elements; kRms (float
+ * x): y[t, i] = that sum / sqrt(sum_r x_r[rows * cols + t] / norm_cols + eps), for i < cols. */
+template <typename TX, typename TY, bool kGather, bool kRms>
 __global__ void __launch_bounds__(kThreads)
     peer_kernel(Peers peers, int world, int rank, const TX *__restrict__ x, TY *y, int64_t n,
-                int64_t slot_bytes) {
+                int64_t slot_bytes, Rms rms) {
     constexpr int kPer = 16 / sizeof(TX);  // elements per 16-byte chunk
     char *own = peers.p[rank];
     uint32_t *epochs = reinterpret_cast<uint32_t *>(own + BN_PEER_EPOCHS_OFFSET);
     bn_pdl_wait();
-    const uint32_t epoch = epochs[blockIdx.x] + 1;
-    const int64_t slot = BN_PEER_HEADER_BYTES + (int64_t)(epoch & 1) * slot_bytes;
     const int64_t chunks = (n + kPer - 1) / kPer;
     const int64_t per_block = (chunks + gridDim.x - 1) / gridDim.x;
     const int64_t begin = blockIdx.x * per_block;
     const int64_t end = min(chunks, begin + per_block);
     const int64_t own_n = kGather ? peers.counts[rank] : n;
-
-    TX *own_slot = reinterpret_cast<TX *>(own + slot);
-    for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
-        const int64_t i0 = c * kPer;
-        if (i0 + kPer <= own_n) {
-            *reinterpret_cast<uint4 *>(own_slot + i0) = *reinterpret_cast<const uint4 *>(x + i0);
-        } else {
-            for (int64_t i = i0; i < own_n; i++) own_slot[i] = x[i];
+    int64_t slot = 0;  // of every rank's buffer; world = 1 reads x itself
+    if (world > 1) {
+        const uint32_t epoch = epochs[blockIdx.x] + 1;
+        slot = BN_PEER_HEADER_BYTES + (int64_t)(epoch & 1) * slot_bytes;
+        TX *own_slot = reinterpret_cast<TX *>(own + slot);
+        for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
+            const int64_t i0 = c * kPer;
+            if (i0 + kPer <= own_n) {
+                *reinterpret_cast<uint4 *>(own_slot + i0) = *reinterpret_cast<const uint4 *>(x + i0);
+            } else {
+                for (int64_t i = i0; i < own_n; i++) own_slot[i] = x[i];
+            }
         }
+        const bool aborted = arrive_and_wait(peers, world, rank, epoch, kRms);
+        if (threadIdx.x == 0) epochs[blockIdx.x] = epoch;
+        bn_pdl_launch_dependents();
+        if (aborted) return;
+    } else {
+        bn_pdl_launch_dependents();
     }
-    const bool aborted = arrive_and_wait(peers, world, rank, epoch);
-    if (threadIdx.x == 0) epochs[blockIdx.x] = epoch;
-    bn_pdl_launch_dependents();
-    if (aborted) return;
+    const auto data = [&](int r) -> const char * {
+        return world > 1 ? peers.p[r] + slot : reinterpret_cast<const char *>(x);
+    };
+    int64_t factor_row = -1;  // kRms: the row whose factor is in `factor`
+    float factor = 0.0f;
 
     for (int64_t c = begin + threadIdx.x; c < end; c += blockDim.x) {
         const int64_t i0 = c * kPer;
@@ -108,7 +131,7 @@ __global__ void __launch_bounds__(kThreads)
             for (int r = 0; r < world; r++) {
                 const int64_t count = peers.counts[r];
                 if (i0 < count) {
-                    uint4 v = __ldcv(reinterpret_cast<const uint4 *>(peers.p[r] + slot) + c);
+                    uint4 v = __ldcv(reinterpret_cast<const uint4 *>(data(r)) + c);
                     const TX *e = reinterpret_cast<const TX *>(&v);
                     const int valid = (int)min((int64_t)kPer, count - i0);
                     for (int k = 0; k < valid; k++) y[offset + i0 + k] = e[k];
@@ -120,11 +143,26 @@ __global__ void __launch_bounds__(kThreads)
             float acc[kPer];
             for (int k = 0; k < kPer; k++) acc[k] = 0.0f;
             for (int r = 0; r < world; r++) {
-                uint4 v = __ldcv(reinterpret_cast<const uint4 *>(peers.p[r] + slot) + c);
+                uint4 v = __ldcv(reinterpret_cast<const uint4 *>(data(r)) + c);
                 const TX *e = reinterpret_cast<const TX *>(&v);
                 for (int k = 0; k < kPer; k++) acc[k] += to_float(e[k]);
             }
-            for (int k = 0; k < valid; k++) y[i0 + k] = from_float<TY>(acc[k]);
+            if constexpr (kRms) {
+                const int64_t outputs = rms.rows * rms.cols;
+                for (int k = 0; k < valid && i0 + k < outputs; k++) {
+                    const int64_t row = (i0 + k) / rms.cols;
+                    if (row != factor_row) {
+                        float sumsq = 0.0f;
+                        for (int r = 0; r < world; r++)
+                            sumsq += __ldcv(reinterpret_cast<const float *>(data(r)) + outputs + row);
+                        factor = 1.0f / sqrtf(sumsq / (float)rms.norm_cols + rms.eps);
+                        factor_row = row;
+                    }
+                    y[i0 + k] = from_float<TY>(acc[k] * factor);
+                }
+            } else {
+                for (int k = 0; k < valid; k++) y[i0 + k] = from_float<TY>(acc[k]);
+            }
         }
     }
 }
@@ -138,12 +176,12 @@ Peers peers_of(void *const *buffers, const int64_t *counts, int32_t world) {
     return peers;
 }
 
-template <typename TX, typename TY, bool kGather>
+template <typename TX, typename TY, bool kGather, bool kRms = false>
 cudaError_t launch(const Peers &peers, int world, int rank, const void *x, void *y, int64_t n,
-                   int64_t slot_bytes, cudaStream_t stream) {
-    return bn_launch_pdl(peer_kernel<TX, TY, kGather>, dim3(BN_PEER_BLOCKS), dim3(kThreads), 0,
+                   int64_t slot_bytes, cudaStream_t stream, Rms rms = {}) {
+    return bn_launch_pdl(peer_kernel<TX, TY, kGather, kRms>, dim3(BN_PEER_BLOCKS), dim3(kThreads), 0,
                          stream, peers, world, rank, static_cast<const TX *>(x),
-                         static_cast<TY *>(y), n, slot_bytes);
+                         static_cast<TY *>(y), n, slot_bytes, rms);
 }
 
 template <typename TX>
@@ -169,6 +207,24 @@ bitnet_status bn_cuda_peer_allreduce(int32_t device, int32_t x_dtype, int32_t y_
     case BITNET_DTYPE_F32: BN_CUDA_TRY((launch_reduce<float>(y_dtype, peers, world, rank, x, y, n, slot_bytes, s))); break;
     case BITNET_DTYPE_F16: BN_CUDA_TRY((launch_reduce<__half>(y_dtype, peers, world, rank, x, y, n, slot_bytes, s))); break;
     default: BN_CUDA_TRY((launch_reduce<__nv_bfloat16>(y_dtype, peers, world, rank, x, y, n, slot_bytes, s))); break;
+    }
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_peer_allreduce_rms(int32_t device, int32_t y_dtype, int64_t T, int64_t n,
+                                         int64_t norm_cols, float eps, const float *x, void *y,
+                                         void *const *buffers, int32_t world, int32_t rank,
+                                         int64_t slot_bytes, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    const Peers peers = peers_of(buffers, NULL, world);
+    const Rms rms = {T, n, norm_cols, eps};
+    cudaStream_t s = bn_stream(stream);
+    const int64_t total = T * n + T;
+    switch (y_dtype) {
+    case BITNET_DTYPE_F32: BN_CUDA_TRY((launch<float, float, false, true>(peers, world, rank, x, y, total, slot_bytes, s, rms))); break;
+    case BITNET_DTYPE_F16: BN_CUDA_TRY((launch<float, __half, false, true>(peers, world, rank, x, y, total, slot_bytes, s, rms))); break;
+    default: BN_CUDA_TRY((launch<float, __nv_bfloat16, false, true>(peers, world, rank, x, y, total, slot_bytes, s, rms))); break;
     }
     return BITNET_OK;
 }

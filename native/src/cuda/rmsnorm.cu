@@ -1,7 +1,8 @@
 /* RMSNorm, optionally fused with the residual add or the gate of a GLU before it and the int8
  * quantization after it: v = x (or residual += x, as stored; or gated, v = act(gate) * up rounded
  * to the dtype, from gate_up [T, 2H], act relu2 or silu), y = v * w / sqrt(mean(v^2) + eps) (gated
- * without a weight: y = v, no norm), q = rint(y * 127 / max|y|).
+ * without a weight: y = v, no norm), q = rint(y * 127 / max|y|). PARTIAL (bitnet_rmsnorm_partial):
+ * y = v * w, not divided by the RMS, and the row's float32 sum of v^2 written to sumsq.
  * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
  * vectors of 16 B, >= 64 rows per SM; 4 rows per block) or else one block per row (<= 4096
  * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
@@ -52,6 +53,7 @@ struct NormArgs {
      * the PDL wait, and each row's input `prefetch_ahead` rows on (0: none). launch() sets them. */
     bool prefetch_first_row;
     int64_t prefetch_ahead;
+    float *sumsq; /* PARTIAL kernels: [rows] */
 };
 
 /* Programmatic dependent launch: the kernel waits for the previous kernel on the stream before
@@ -266,7 +268,8 @@ __device__ __forceinline__ void write_outputs(const NormArgs &a, int64_t i, cons
  * global memory (x, the residual this thread stored, or gated, recomputed from gate_up) rather
  * than keeping it live. A gate and RESIDUAL are never both set. Without NORM (gated only), the
  * weights are ones and 1 / RMS is 1: y = v and the codes are quantize_a8's. */
-template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, int GATE, bool QUANT, bool NORM>
+template <typename T, int N, int V, bool WARP_PER_ROW, bool RESIDUAL, int GATE, bool QUANT, bool NORM,
+          bool PARTIAL>
 __global__ void __launch_bounds__(WARP_PER_ROW ? 32 * WARP_ROWS_PER_BLOCK : BLOCK_MAX_THREADS)
 rmsnorm_registers(NormArgs a) {
     static_assert(!(RESIDUAL && GATE != NO_GATE), "the residual add and the gate are not fused together");
@@ -337,7 +340,7 @@ rmsnorm_registers(NormArgs a) {
         }
         if (a.prefetch_ahead) prefetch_row_l2<T, RESIDUAL, GATE>(a, row + a.prefetch_ahead, lane, row_threads);
         acc = row_reduce<WARP_PER_ROW>(acc);
-        const float r = !NORM ? 1.0f : inverse_rms(acc.sum, a, [&] {
+        const float r = !NORM || PARTIAL ? 1.0f : inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
 #pragma unroll
             for (int k = 0; k < V; k++) {
@@ -359,12 +362,13 @@ rmsnorm_registers(NormArgs a) {
         if (!QUANT || finite) write_row(std::true_type{});
         else write_row(std::false_type{});
         if (QUANT && lane == 0) a.y_scales[row] = scale;
+        if (PARTIAL && lane == 0) a.sumsq[row] = acc.sum;
     }
 }
 
 /* Any row: one block per row, reading it from global memory once per pass (x, the residual or
  * gate_up again in the second pass; each thread rereads only what it wrote itself). */
-template <typename T, int N, bool RESIDUAL, int GATE, bool QUANT, bool NORM>
+template <typename T, int N, bool RESIDUAL, int GATE, bool QUANT, bool NORM, bool PARTIAL>
 __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
     static_assert(!(RESIDUAL && GATE != NO_GATE), "the residual add and the gate are not fused together");
     static_assert(NORM || GATE != NO_GATE, "only the gate is run without the norm");
@@ -384,7 +388,7 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             accumulate<T, N, QUANT>(acc, v, load_weight<T, N, NORM>(a, i), p);
         }
         acc = row_reduce<false>(acc);
-        const double r64 = !NORM ? 1.0 : inverse_rms(acc.sum, a, [&] {
+        const double r64 = !NORM || PARTIAL ? 1.0 : inverse_rms(acc.sum, a, [&] {
             double sum = 0.0;
             for (int64_t i = first; i < a.cols; i += step)
                 sum += sum_squares64(load_input<T, N, GATE>(a, v_src, row, i));
@@ -410,6 +414,7 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
             write_outputs<T, N, QUANT>(a, base + i, p, r, r * scale);
         }
         if (QUANT && threadIdx.x == 0) a.y_scales[row] = scale;
+        if (PARTIAL && threadIdx.x == 0) a.sumsq[row] = acc.sum;
     }
 }
 
@@ -417,15 +422,16 @@ __global__ void __launch_bounds__(LOOP_THREADS) rmsnorm_loop(NormArgs a) {
  * block per row. */
 constexpr int V_CHOICES[] = {1, 2, 3, 4, 6, 8, 10, 12};
 
-template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, int GATE, bool QUANT, bool NORM, int I = 0>
+template <typename T, int N, bool WARP_PER_ROW, bool RESIDUAL, int GATE, bool QUANT, bool NORM,
+          bool PARTIAL, int I = 0>
 void (*registers_kernel(int v))(NormArgs) {
     constexpr int count = sizeof V_CHOICES / sizeof *V_CHOICES;
     if constexpr (I == count || V_CHOICES[I] > (WARP_PER_ROW ? WARP_MAX_V : BLOCK_MAX_V)) {
         return nullptr;
     } else {
         if (v == V_CHOICES[I])
-            return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, GATE, QUANT, NORM>;
-        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, GATE, QUANT, NORM, I + 1>(v);
+            return rmsnorm_registers<T, N, V_CHOICES[I], WARP_PER_ROW, RESIDUAL, GATE, QUANT, NORM, PARTIAL>;
+        return registers_kernel<T, N, WARP_PER_ROW, RESIDUAL, GATE, QUANT, NORM, PARTIAL, I + 1>(v);
     }
 }
 
@@ -441,7 +447,7 @@ bool aligned(const void *p, int64_t bytes) { return p == nullptr || (uintptr_t)p
 /* Picks the kernel and its shape for the row length and alignment, and launches it. Gated, x is
  * gate_up: with cols % N == 0 its gate and up halves are as aligned as its start, so the shape is
  * the one bitnet_rmsnorm picks for the gate's output of the same alignment. */
-template <typename T, bool RESIDUAL, int GATE, bool QUANT, bool NORM = true>
+template <typename T, bool RESIDUAL, int GATE, bool QUANT, bool NORM = true, bool PARTIAL = false>
 bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     constexpr int N = 16 / sizeof(T);
     const bool vectorized = a.cols % N == 0 && aligned(a.x, 16) && aligned(a.residual, 16) &&
@@ -456,7 +462,7 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
     /* With the residual's second stream of loads, a block per row was faster at every T. */
     const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * gpu.sms;
     if (warp_per_row) {
-        kernel = registers_kernel<T, N, true, false, GATE, QUANT, NORM>(smallest_v((vectors + 31) / 32));
+        kernel = registers_kernel<T, N, true, false, GATE, QUANT, NORM, PARTIAL>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     } else if (in_registers && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
@@ -464,12 +470,12 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
         int v = narrow ? 2
                        : smallest_v((vectors + BLOCK_PREFERRED_THREADS - 1) / BLOCK_PREFERRED_THREADS);
         if (v == 0 || v > BLOCK_MAX_V) v = BLOCK_MAX_V;
-        kernel = registers_kernel<T, N, false, RESIDUAL, GATE, QUANT, NORM>(v);
+        kernel = registers_kernel<T, N, false, RESIDUAL, GATE, QUANT, NORM, PARTIAL>(v);
         threads = ((vectors + v - 1) / v + 31) / 32 * 32;
         grid = a.rows;
     } else {
-        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, GATE, QUANT, NORM>
-                            : rmsnorm_loop<T, 1, RESIDUAL, GATE, QUANT, NORM>;
+        kernel = vectorized ? rmsnorm_loop<T, N, RESIDUAL, GATE, QUANT, NORM, PARTIAL>
+                            : rmsnorm_loop<T, 1, RESIDUAL, GATE, QUANT, NORM, PARTIAL>;
         const int64_t per_thread = vectorized ? N : 1;
         threads = (a.cols + per_thread - 1) / per_thread;
         threads = threads > LOOP_THREADS ? LOOP_THREADS : (threads + 31) / 32 * 32;
@@ -507,6 +513,16 @@ bitnet_status launch_gated(const NormArgs &a, const BnGpu &gpu, cudaStream_t str
     return a.y_q ? launch<T, false, GATE, true>(a, gpu, stream) : launch<T, false, GATE, false>(a, gpu, stream);
 }
 
+/* The partial kernels (codes of v * w and the sums of squares) of one input: x, or a gate. */
+template <typename T>
+bitnet_status launch_partial(const NormArgs &a, int gate, const BnGpu &gpu, cudaStream_t stream) {
+    if (gate == BITNET_ACTIVATION_RELU2)
+        return launch<T, false, BITNET_ACTIVATION_RELU2, true, true, true>(a, gpu, stream);
+    if (gate == BITNET_ACTIVATION_SILU)
+        return launch<T, false, BITNET_ACTIVATION_SILU, true, true, true>(a, gpu, stream);
+    return launch<T, false, NO_GATE, true, true, true>(a, gpu, stream);
+}
+
 /* Gated runs never have a residual. gate: NO_GATE or a bitnet_activation. */
 template <typename T>
 bitnet_status launch_dtype(const NormArgs &a, int gate, const BnGpu &gpu, cudaStream_t stream) {
@@ -519,16 +535,25 @@ bitnet_status launch_dtype(const NormArgs &a, int gate, const BnGpu &gpu, cudaSt
                  : launch<T, false, NO_GATE, false>(a, gpu, stream);
 }
 
-/* Both entry points: x is gate_up [T, 2H] when gated (gate a bitnet_activation; residual then NULL). */
+/* Every entry point: x is gate_up [T, 2H] when gated (gate a bitnet_activation; residual then
+ * NULL); a.sumsq set: the partial kernels. */
 bitnet_status run(int32_t device, int32_t dtype, int gate, const NormArgs &a, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    cudaStream_t s = bn_stream(stream);
+    if (a.sumsq) {
+        switch (dtype) {
+        case BITNET_DTYPE_F32: return launch_partial<float>(a, gate, gpu, s);
+        case BITNET_DTYPE_F16: return launch_partial<__half>(a, gate, gpu, s);
+        default: return launch_partial<__nv_bfloat16>(a, gate, gpu, s);
+        }
+    }
     switch (dtype) {
-    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gate, gpu, bn_stream(stream));
-    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gate, gpu, bn_stream(stream));
-    default: return launch_dtype<__nv_bfloat16>(a, gate, gpu, bn_stream(stream));
+    case BITNET_DTYPE_F32: return launch_dtype<float>(a, gate, gpu, s);
+    case BITNET_DTYPE_F16: return launch_dtype<__half>(a, gate, gpu, s);
+    default: return launch_dtype<__nv_bfloat16>(a, gate, gpu, s);
     }
 }
 
@@ -537,13 +562,21 @@ bitnet_status run(int32_t device, int32_t dtype, int gate, const NormArgs &a, vo
 bitnet_status bn_cuda_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H, const void *x,
                               void *residual, const void *weight, float eps, void *y, int8_t *y_q,
                               float *y_scales, void *stream) {
-    return run(device, dtype, NO_GATE, NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H, false, 0},
-               stream);
+    return run(device, dtype, NO_GATE,
+               NormArgs{x, residual, weight, eps, y, y_q, y_scales, T, H, false, 0, nullptr}, stream);
 }
 
 bitnet_status bn_cuda_glu_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t F,
                                   int32_t activation, const void *gate_up, const void *weight,
                                   float eps, void *y, int8_t *y_q, float *y_scales, void *stream) {
     return run(device, dtype, activation,
-               NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F, false, 0}, stream);
+               NormArgs{gate_up, nullptr, weight, eps, y, y_q, y_scales, T, F, false, 0, nullptr}, stream);
+}
+
+/* eps 1 (unused: no division) keeps the register kernels, which need eps > 0. */
+bitnet_status bn_cuda_rmsnorm_partial(int32_t device, int32_t dtype, int64_t T, int64_t H,
+                                      int32_t activation, const void *x, const void *weight,
+                                      int8_t *y_q, float *y_scales, float *sumsq, void *stream) {
+    return run(device, dtype, activation < 0 ? NO_GATE : activation,
+               NormArgs{x, nullptr, weight, 1.0f, nullptr, y_q, y_scales, T, H, false, 0, sumsq}, stream);
 }
