@@ -113,6 +113,8 @@ class Session:
         self.positions = self.alloc((batch,), "int32")
         self.seq_lens = self.alloc((batch,), "int32")
         self.decode_buffers = self.buffers(1)
+        self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
+        self.extend_graph = None    # their forward pass, captured when the same steps come again
         self.graph = None
         self.sampling = None
         self.logits = None
@@ -283,8 +285,10 @@ class Session:
     def extend(self, ids, lengths=None, progress=None):
         """Appends a [batch, T] block of ids (row b's first lengths[b]) to every sequence at its
         position and returns the next token of each (argmax, or drawn as set_sampling says).
-        Rows are right-padded: a padding token's cache row is overwritten by the next step.
-        progress: as forward's."""
+        Rows are right-padded: a padding token's cache row is overwritten by the next step. The
+        activation buffers of T tokens stay for the next block of the same T (session.logits is
+        one of them); on a GPU, that next block captures the pass as a CUDA graph, which every
+        later block of T tokens replays. progress: as forward's."""
         ids = np.asarray(ids, dtype=np.int32)
         steps = ids.shape[1]
         lengths = np.full(self.batch, steps) if lengths is None else np.asarray(lengths)
@@ -296,12 +300,25 @@ class Session:
         if (start + steps > self.capacity).any():
             raise InvalidArgumentError(f"extend: {steps} more tokens overflow the KV cache of "
                                        f"{self.capacity} (positions {start.tolist()})")
-        b = self.buffers(steps)
+        repeated = self.extend_buffers is not None and self.extend_buffers[0] == steps
+        if not repeated:
+            self.extend_buffers = self.extend_graph = None  # the old ones go before the new come
+            self.extend_buffers = (steps, self.buffers(steps))
+        b = self.extend_buffers[1]
         self.upload(ids.reshape(-1), b["ids"])
         if steps > 1:
             self.upload(np.arange(self.batch) * steps + lengths - 1, b["last_rows"])
         self.upload(start + steps, self.seq_lens)
-        self.forward(b, steps, progress)
+        if self.stream is not None and repeated:
+            if self.extend_graph is None:
+                with Graph.capture(self.stream) as graph:
+                    self.forward(b, steps)
+                self.extend_graph = graph
+            self.extend_graph.launch()
+            if progress:
+                progress(len(self.w.layers), len(self.w.layers))
+        else:
+            self.forward(b, steps, progress)
         self.synchronize()
         self.upload(start + lengths, self.positions)
         self.upload(start + lengths + 1, self.seq_lens)
@@ -325,7 +342,7 @@ class Session:
                                                       top_k=int(top_k), top_p=float(top_p),
                                                       seed=int(seed))
         if sampling != self.sampling:
-            self.sampling, self.graph = sampling, None  # the captured step bakes them in
+            self.sampling, self.graph, self.extend_graph = sampling, None, None  # captured in
 
     def capture(self):
         """The decode step as a CUDA graph (GPU only)."""

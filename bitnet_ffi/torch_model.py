@@ -43,52 +43,88 @@ class TorchModel:
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.ids = torch.zeros(batch, dtype=torch.long, device=device)
 
-    def rope(self, x):
+    def rope(self, x, positions):
+        """x [B, T, heads, D] rotated (rotate-half) at positions [T]."""
         half = x.shape[-1] // 2
-        cos, sin = self.cos[self.pos], self.sin[self.pos]  # [1, D/2]
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [T, 1, D/2]
         x1, x2 = x[..., :half].float(), x[..., half:].float()
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).to(x.dtype)
 
+    def layer(self, L, h, attend):
+        """One layer over h [B, T, hidden]; attend(L, q, k, v) gives the attention [B, T, hidden]
+        from the rotated q [B, T, heads, D], k and v [B, T, kv_heads, D]."""
+        c, eps = self.config, self.config.eps
+        B, T, H = h.shape
+        x = F.rms_norm(h, (H,), L["attn_norm"], eps)
+        q, k, v = F.linear(x, L["qkv"]).split([H, c.kv_dim, c.kv_dim], dim=-1)
+        a = attend(L, q.view(B, T, c.heads, c.head_dim), k.view(B, T, c.kv_heads, c.head_dim),
+                   v.view(B, T, c.kv_heads, c.head_dim))
+        h = h + F.linear(F.rms_norm(a, (H,), L["attn_sub_norm"], eps), L["o"])
+        x = F.rms_norm(h, (H,), L["ffn_norm"], eps)
+        gate, up = F.linear(x, L["gate_up"]).chunk(2, dim=-1)
+        g = F.rms_norm(F.relu(gate).square() * up, (c.intermediate,), L["ffn_sub_norm"], eps)
+        return h + F.linear(g, L["down"])
+
+    def next_ids(self, h):
+        self.logits = F.linear(F.rms_norm(h[:, -1], (self.config.hidden,), self.final_norm,
+                                          self.config.eps), self.embedding).float()
+        self.ids.copy_(self.logits.argmax(-1))
+
     def step(self):
-        c, B = self.config, self.batch
-        H, eps = c.hidden, c.eps
-        h = self.embedding[self.ids]
+        """One decode step at self.pos: the KV cache appended, attention over positions <= pos."""
+        B = self.batch
         mask = (self.positions <= self.pos).view(1, 1, 1, -1)
-        for L in self.layers:
-            x = F.rms_norm(h, (H,), L["attn_norm"], eps)
-            q, k, v = F.linear(x, L["qkv"]).split([H, c.kv_dim, c.kv_dim], dim=-1)
-            q = self.rope(q.view(B, 1, c.heads, c.head_dim))
-            k = self.rope(k.view(B, 1, c.kv_heads, c.head_dim))
+
+        def attend(L, q, k, v):
+            q, k = self.rope(q, self.pos), self.rope(k, self.pos)
             L["k_cache"].index_copy_(1, self.pos, k)
-            L["v_cache"].index_copy_(1, self.pos, v.view(B, 1, c.kv_heads, c.head_dim))
+            L["v_cache"].index_copy_(1, self.pos, v)
             a = F.scaled_dot_product_attention(q.transpose(1, 2), L["k_cache"].transpose(1, 2),
                                                L["v_cache"].transpose(1, 2), attn_mask=mask,
                                                enable_gqa=True)
-            a = F.rms_norm(a.transpose(1, 2).reshape(B, H), (H,), L["attn_sub_norm"], eps)
-            h = h + F.linear(a, L["o"])
-            x = F.rms_norm(h, (H,), L["ffn_norm"], eps)
-            gate, up = F.linear(x, L["gate_up"]).chunk(2, dim=-1)
-            g = F.rms_norm(F.relu(gate).square() * up, (c.intermediate,), L["ffn_sub_norm"], eps)
-            h = h + F.linear(g, L["down"])
-        logits = F.linear(F.rms_norm(h, (H,), self.final_norm, eps), self.embedding).float()
-        self.ids.copy_(logits.argmax(-1))
+            return a.transpose(1, 2).reshape(B, 1, -1)
+
+        h = self.embedding[self.ids][:, None]
+        for L in self.layers:
+            h = self.layer(L, h, attend)
+        self.next_ids(h)
         self.pos += 1
 
-    def step_ms(self, start_position, replays):
-        """Median milliseconds of one decode step, as graph replays back to back from
-        `start_position`."""
+    def prefill(self, prompt):
+        """The prompt [B, T] from position 0: the KV cache's first T positions written, causal
+        attention over the prompt itself."""
+        B, T = prompt.shape
+        positions = self.positions[:T]
+
+        def attend(L, q, k, v):
+            q, k = self.rope(q, positions), self.rope(k, positions)
+            L["k_cache"][:, :T] = k
+            L["v_cache"][:, :T] = v
+            a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=True, enable_gqa=True)
+            return a.transpose(1, 2).reshape(B, T, -1)
+
+        h = self.embedding[prompt]
+        for L in self.layers:
+            h = self.layer(L, h, attend)
+        self.next_ids(h)
+
+    def graph_ms(self, work, replays, reset=lambda: None):
+        """Median milliseconds of work() captured as a CUDA graph, over 3 runs of `replays`
+        replays back to back, reset() before each run."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up outside the capture, as torch.cuda.graph asks
-                self.step()
+                reset()
+                work()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.step()
+            work()
         times = []
         for _ in range(3):
-            self.pos.fill_(start_position)
+            reset()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(replays):
@@ -97,3 +133,13 @@ class TorchModel:
             end.synchronize()
             times.append(start.elapsed_time(end) / replays)
         return sorted(times)[1]
+
+    def step_ms(self, start_position, replays):
+        """Median milliseconds of one decode step, from `start_position`."""
+        return self.graph_ms(self.step, replays, lambda: self.pos.fill_(start_position))
+
+    def prefill_tokens_per_s(self, prompt_len, replays):
+        """Tokens per second of a batch of random prompt_len-token prompts, prefilled."""
+        prompt = torch.randint(0, self.config.vocab, (self.batch, prompt_len),
+                               device=self.ids.device)
+        return self.batch * prompt_len / (1e-3 * self.graph_ms(lambda: self.prefill(prompt), replays))

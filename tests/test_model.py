@@ -165,6 +165,50 @@ def test_time_decode_times_real_steps_and_puts_the_positions_back(rng):
         timed.time_decode(replays=8)
 
 
+@pytest.mark.gpu
+def test_repeated_prompt_length_replays_a_graph_with_the_eager_results(rng):
+    """The second prefill of a length captures its pass and later ones replay it: each gives the
+    logits and tokens of a fresh session's eager prefill of the same prompt, bit for bit."""
+    seed = int(rng.integers(1 << 30))
+    print("seed", seed)
+    weights = random_weights(TINY, 0, seed)
+    prompts = np.random.default_rng(seed + 1).integers(0, TINY.vocab, (4, 2, 7))
+    session = Session(weights, 2, 24, 0)
+    for i, prompt in enumerate(prompts):
+        tokens = session.prefill(prompt)
+        assert (session.extend_graph is not None) == (i > 0)
+        fresh = Session(weights, 2, 24, 0)
+        np.testing.assert_array_equal(tokens, fresh.prefill(prompt))
+        np.testing.assert_array_equal(session.download(session.logits),
+                                      fresh.download(fresh.logits))
+        np.testing.assert_array_equal(session.decode(), fresh.decode())
+    session.prefill(prompts[0][:, :5])  # another length: eager again, new buffers
+    assert session.extend_graph is None and session.extend_buffers[0] == 5
+
+
+@pytest.mark.gpu
+def test_torch_anchor_prefill_equals_its_decode_steps(rng):
+    """The demo's torch bf16 model prefills in one causal pass and decodes one token at a time
+    through its KV cache: fed the same prompt, both give the last token's logits within bfloat16
+    rounding (each layer stores bf16 activations, about 0.4% each, along different SDPA paths)."""
+    torch = pytest.importorskip("torch")
+    from bitnet_ffi.torch_model import TorchModel
+    seed = int(rng.integers(1 << 30))
+    print("seed", seed)
+    model = TorchModel(random_weights(TINY, 0, seed), 2, 16)
+    prompt = torch.as_tensor(np.random.default_rng(seed + 1).integers(0, TINY.vocab, (2, 7)),
+                             device="cuda")
+    model.prefill(prompt)
+    prefilled = model.logits.double().cpu().numpy()
+    model.pos.fill_(0)
+    for t in range(prompt.shape[1]):
+        model.ids.copy_(prompt[:, t])
+        model.step()
+    stepped = model.logits.double().cpu().numpy()
+    assert relative(stepped, prefilled) < 0.03
+    assert int(model.pos) == 7
+
+
 def demo(*args, **env):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BITNET_DEVICE")}
     environment.update(env)

@@ -83,6 +83,42 @@ def test_quantize_i2s_ties_round_to_even():
     np.testing.assert_array_equal(tw.unpack()[0, :6], [0, 0, 1, -1, 1, -1])
 
 
+def half_scale_rows(rng, M=64):
+    """Rows whose mean |w| is exactly c (a random float32 per row, over many binades), holding
+    c / 2 and its float neighbours 1-3 ulps away: 128 pairs c/2 ± k·ulp (each summing to c) and
+    128 values ±2c, so w / c lands on the tie 0.5 and just beside it. Returns (w, c)."""
+    c = (2.0 ** rng.integers(-12, 12, M) * rng.uniform(1, 2, M)).astype(np.float32)
+    k = np.arange(128) % 4
+    w = np.empty((M, 384), np.float32)
+    for m in range(M):
+        up, down = np.float32(np.inf), np.float32(0)
+        above = np.full(4, c[m] / 2, np.float32)
+        below = above.copy()
+        for i in (1, 2, 3):
+            above[i] = np.nextafter(above[i - 1], up)
+            below[i] = np.nextafter(below[i - 1], down)
+        pairs = np.concatenate([above[k], below[k]])
+        w[m] = np.concatenate([pairs, np.full(128, 2 * c[m], np.float32)])
+        w[m] *= rng.choice(np.float32([-1, 1]), 384)
+    assert np.all(np.abs(w.astype(np.float64)).mean(axis=1) == c)
+    return w, c
+
+
+def check_half_scale_codes(w, c, tw):
+    """The library's codes equal numpy's division and rint: 0 at exactly c / 2, ±1 one ulp above."""
+    assert np.all(np.asarray(tw.scales) == c)
+    check_i2s(w, tw, [1] * len(c))
+    codes = np.asarray(tw.unpack())
+    np.testing.assert_array_equal(codes[:, 0], 0)
+    np.testing.assert_array_equal(codes[:, 1], np.sign(w[:, 1]))
+
+
+@pytest.mark.cpu
+def test_quantize_i2s_codes_at_half_the_scale_cpu(rng):
+    w, c = half_scale_rows(rng)
+    check_half_scale_codes(w, c, bn.quantize_i2s(w, row_segments=[1] * len(c)))
+
+
 @pytest.mark.cpu
 def test_pack_unpack_roundtrip_cpu(rng):
     w_q = rng.integers(-1, 2, (37, 1152), dtype=np.int8)
@@ -202,6 +238,13 @@ def test_quantize_i2s_gpu_matches_cpu(rng, dtype, shape):
     cpu = bn.quantize_i2s(host, row_segments=segments)
     assert_within_one_ulp(tw.scales.cpu().numpy(), cpu.scales)
     assert isinstance(tw.unpack(), torch.Tensor) and tw.unpack().is_cuda
+
+
+@pytest.mark.gpu
+def test_quantize_i2s_codes_at_half_the_scale_gpu(rng):
+    w, c = half_scale_rows(rng)
+    tw = bn.quantize_i2s(bn.DeviceArray.from_numpy(w), row_segments=[1] * len(c))
+    check_half_scale_codes(w, c, bn.TernaryWeights(tw.packed.numpy(), tw.scales.numpy()))
 
 
 def torch_to_numpy(t):

@@ -196,6 +196,43 @@ bitnet_status bn_cuda_kernel_shared_memory(int32_t device, const void *kernel, s
     return raise_shared_limit(device, kernel, shared_bytes);
 }
 
+namespace {
+std::mutex scratch_lock;
+std::map<int32_t, cudaMemPool_t> scratch_pools;
+
+/* With scratch_lock held. */
+bitnet_status scratch_pool(int32_t device, cudaMemPool_t *pool) {
+    auto found = scratch_pools.find(device);
+    if (found != scratch_pools.end()) {
+        *pool = found->second;
+        return BITNET_OK;
+    }
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    BN_CUDA_TRY(cudaMemPoolCreate(pool, &props));
+    uint64_t keep_all = UINT64_MAX;
+    const cudaError_t err = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    if (err != cudaSuccess) {
+        cudaMemPoolDestroy(*pool);
+        BN_CUDA_TRY(err);
+    }
+    scratch_pools[device] = *pool;
+    return BITNET_OK;
+}
+} // namespace
+
+bitnet_status bn_cuda_scratch_alloc(int32_t device, int64_t nbytes, void *stream, void **ptr) {
+    cudaMemPool_t pool;
+    {
+        std::lock_guard<std::mutex> guard(scratch_lock);
+        BN_TRY(scratch_pool(device, &pool));
+    }
+    BN_CUDA_TRY(cudaMallocFromPoolAsync(ptr, static_cast<size_t>(nbytes), pool, bn_stream(stream)));
+    return BITNET_OK;
+}
+
 bitnet_status bn_cuda_pointer_device(const void *ptr, int32_t *device) {
     cudaPointerAttributes attr;
     cudaError_t err = cudaPointerGetAttributes(&attr, ptr);

@@ -1,14 +1,13 @@
 /* CUDA ternary weight quantization (quantize_i2s), packing, and int8 activation quantization.
- * quantize_i2s: (1) one block per row sums |w| in float64 into a scratch array, (2) a scan of the
- * row sums for one that is not finite (a NaN or ±inf weight makes it so, a finite row cannot
- * overflow a double), which the host waits for: an error before anything is written, (3) one block
- * per segment adds its row sums in a fixed order and writes the scales, (4) one thread per 32-bit
- * packed word (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Reads W twice.
+ * quantize_i2s reads W twice and waits for the stream once, at the end: (1) one block per row
+ * sums |w| in float64 into a scratch array and flags the first row whose sum is not finite (a NaN
+ * or ±inf weight makes it so; a finite row cannot overflow a double), (2) one block per segment
+ * adds its row sums in a fixed order and writes the scales, (3) one thread per 32-bit packed word
+ * (16 weights) writes codes = clamp(rint(w / scale), -1, 1) + 1. Passes 2 and 3 write nothing
+ * when a row is flagged, so a non-finite weight is an error that leaves the outputs untouched.
  * quantize_a8: one block per row, max |x| then x * 127 / max (the second read hits L2).
  * Layout: docs/weight_format.md. Float32 arithmetic is IEEE (__fdiv_rn, __fmul_rn, rintf), so
- * the results equal the CPU backend's bit for bit (scales up to float64 summation order).
- * H100, float32 [16384, 4096] (BENCHMARKS.md): quantize_i2s counted as both reads of W and the
- * packed write; quantize_a8 115 us = 2911 GB/s (94% of read BW). */
+ * the results equal the CPU backend's bit for bit (scales up to float64 summation order). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -88,16 +87,12 @@ __global__ __launch_bounds__(kThreads) void find_non_finite(const void *w, int32
     }
 }
 
-/* The first row whose sum of |w| is not finite, into *first. */
-__global__ __launch_bounds__(kThreads) void find_non_finite_row(const double *row_sums, int64_t M,
-                                                                unsigned long long *first) {
-    for (int64_t row = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; row < M;
-         row += static_cast<int64_t>(gridDim.x) * kThreads)
-        if (!isfinite(row_sums[row])) record_first(first, row);
-}
+constexpr unsigned long long kNoRow = ~0ull;
 
+/* row_sums[row] = sum of |w[row, :]|; the first row whose sum is not finite into *bad_row. */
 __global__ __launch_bounds__(kThreads) void row_abs_sums(const void *w, int32_t dtype, int64_t K,
-                                                         double *row_sums) {
+                                                         double *row_sums,
+                                                         unsigned long long *bad_row) {
     __shared__ double partial[kThreads / 32];
     int64_t row = blockIdx.x;
     double sum = 0.0;
@@ -108,13 +103,20 @@ __global__ __launch_bounds__(kThreads) void row_abs_sums(const void *w, int32_t 
         for (int j = 0; j < 16; j++) sum += fabs(static_cast<double>(v[j]));
     }
     sum = block_reduce(sum, Add(), partial);
-    if (threadIdx.x == 0) row_sums[row] = sum;
+    if (threadIdx.x == 0) {
+        row_sums[row] = sum;
+        if (!isfinite(sum)) record_first(bad_row, row);
+    }
 }
 
-__global__ __launch_bounds__(kThreads) void segment_scale(const double *row_sums, int64_t first_row,
-                                                          int64_t rows, int64_t K, float *w_scales) {
+__global__ __launch_bounds__(kThreads) void segment_scale(const double *row_sums,
+                                                          const unsigned long long *bad_row,
+                                                          int64_t first_row, int64_t rows, int64_t K,
+                                                          float *w_scales) {
     __shared__ double partial[kThreads / 32];
+    if (*bad_row != kNoRow) return;
     double sum = 0.0;
+#pragma unroll 8
     for (int64_t m = threadIdx.x; m < rows; m += kThreads) sum += row_sums[first_row + m];
     sum = block_reduce(sum, Add(), partial);
     double mean = sum / (static_cast<double>(rows) * static_cast<double>(K));
@@ -132,17 +134,23 @@ __device__ __forceinline__ uint32_t pack_codes(const int *codes /* [16], 0..2 */
     return word;
 }
 
+/* rint(w / scale) clamped to [-1, 1] is 1 exactly when w > scale / 2 (and -1 when w < -scale / 2):
+ * scale / 2 is a float (scale >= 1e-5 is normal), w / scale at w = scale / 2 is the tie 0.5, which
+ * rounds to 0, and the next float above scale / 2, divided by scale, rounds above 0.5. So the
+ * comparison gives the CPU backend's division-and-rint codes bit for bit, without a division. */
 __global__ __launch_bounds__(kThreads) void pack_scaled(const void *w, int32_t dtype, int64_t K,
                                                         int64_t words, const float *w_scales,
+                                                        const unsigned long long *bad_row,
                                                         uint32_t *w_packed) {
+    if (*bad_row != kNoRow) return;
     for (int64_t word = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; word < words;
          word += static_cast<int64_t>(gridDim.x) * kThreads) {
         float v[16];
         load16(w, dtype, 16 * word, v);
-        float scale = w_scales[16 * word / K];
+        const float half = 0.5f * w_scales[16 * word / K];
         int codes[16];
 #pragma unroll
-        for (int j = 0; j < 16; j++) codes[j] = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(v[j], scale)), -1.0f), 1.0f)) + 1;
+        for (int j = 0; j < 16; j++) codes[j] = v[j] > half ? 2 : (v[j] < -half ? 0 : 1);
         w_packed[word] = pack_codes(codes);
     }
 }
@@ -246,10 +254,10 @@ bitnet_status refuse_capture(const char *op, cudaStream_t s) {
  * for it: *index is the smallest recorded, or -1. A check on the host must wait for the stream, so
  * it is refused under graph capture (`op` names the caller). */
 template <typename Find>
-bitnet_status first_flagged(const char *op, cudaStream_t s, Find find, int64_t *index) {
+bitnet_status first_flagged(const char *op, int32_t device, cudaStream_t s, Find find, int64_t *index) {
     BN_TRY(refuse_capture(op, s));
     unsigned long long *first = nullptr, host_first = ~0ull;
-    BN_CUDA_TRY(cudaMallocAsync(&first, sizeof *first, s));
+    BN_TRY(bn_cuda_scratch_alloc(device, sizeof *first, s, reinterpret_cast<void **>(&first)));
     cudaError_t err = cudaMemsetAsync(first, 0xff, sizeof *first, s);
     if (err == cudaSuccess) {
         find(first);
@@ -264,42 +272,40 @@ bitnet_status first_flagged(const char *op, cudaStream_t s, Find find, int64_t *
     return BITNET_OK;
 }
 
-/* quantize_i2s's passes, row_sums [M] being scratch. Weights must be finite: checked (pass 2)
- * before anything is written. */
-bitnet_status quantize_i2s(const void *w, int32_t w_dtype, int64_t M, int64_t K, const int64_t *row_segments,
-                           int64_t n_segments, double *row_sums, uint8_t *w_packed, float *w_scales,
-                           cudaStream_t s) {
-    row_abs_sums<<<static_cast<unsigned>(M), kThreads, 0, s>>>(w, w_dtype, K, row_sums);
+/* quantize_i2s's passes, row_sums [M] and bad_row being scratch. */
+bitnet_status quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M, int64_t K,
+                           const int64_t *row_segments,
+                           int64_t n_segments, double *row_sums, unsigned long long *bad_row,
+                           uint8_t *w_packed, float *w_scales, cudaStream_t s) {
+    BN_CUDA_TRY(cudaMemsetAsync(bad_row, 0xff, sizeof *bad_row, s));
+    row_abs_sums<<<static_cast<unsigned>(M), kThreads, 0, s>>>(w, w_dtype, K, row_sums, bad_row);
     BN_CUDA_CHECK_LAUNCH("row_abs_sums");
-    int64_t bad_row = -1;
-    BN_TRY(first_flagged("bitnet_quantize_i2s", s, [&](unsigned long long *first) {
-        find_non_finite_row<<<grid_for(M), kThreads, 0, s>>>(row_sums, M, first);
-    }, &bad_row));
-    if (bad_row >= 0) {
-        const int64_t size = bn_dtype_size(w_dtype);
-        const char *row = static_cast<const char *>(w) + bad_row * K * size;
-        int64_t column = -1;
-        BN_TRY(first_flagged("bitnet_quantize_i2s", s, [&](unsigned long long *first) {
-            find_non_finite<<<grid_for(K / 16), kThreads, 0, s>>>(row, w_dtype, K, first);
-        }, &column));
-        uint32_t bits = 0; /* the element's bytes, as bn_load_floats reads them */
-        BN_CUDA_TRY(cudaMemcpy(&bits, row + column * size, size, cudaMemcpyDeviceToHost));
-        float value;
-        bn_load_floats(w_dtype, &bits, 0, 1, &value);
-        return bn_fail_non_finite_weight(bad_row * K + column, K, value);
-    }
     int64_t first_row = 0;
     for (int64_t i = 0; i < n_segments; i++) {
         int64_t rows = row_segments ? row_segments[i] : M;
-        segment_scale<<<1, kThreads, 0, s>>>(row_sums, first_row, rows, K, w_scales);
+        segment_scale<<<1, kThreads, 0, s>>>(row_sums, bad_row, first_row, rows, K, w_scales);
         BN_CUDA_CHECK_LAUNCH("segment_scale");
         first_row += rows;
     }
     int64_t words = M * K / 16;
-    pack_scaled<<<grid_for(words), kThreads, 0, s>>>(w, w_dtype, K, words, w_scales,
+    pack_scaled<<<grid_for(words), kThreads, 0, s>>>(w, w_dtype, K, words, w_scales, bad_row,
                                                      reinterpret_cast<uint32_t *>(w_packed));
     BN_CUDA_CHECK_LAUNCH("pack_scaled");
-    return BITNET_OK;
+    unsigned long long host_bad_row = kNoRow;
+    BN_CUDA_TRY(cudaMemcpyAsync(&host_bad_row, bad_row, sizeof *bad_row, cudaMemcpyDeviceToHost, s));
+    BN_CUDA_TRY(cudaStreamSynchronize(s));
+    if (host_bad_row == kNoRow) return BITNET_OK;
+    const int64_t size = bn_dtype_size(w_dtype);
+    const char *row = static_cast<const char *>(w) + static_cast<int64_t>(host_bad_row) * K * size;
+    int64_t column = -1;
+    BN_TRY(first_flagged("bitnet_quantize_i2s", device, s, [&](unsigned long long *first) {
+        find_non_finite<<<grid_for(K / 16), kThreads, 0, s>>>(row, w_dtype, K, first);
+    }, &column));
+    uint32_t bits = 0; /* the element's bytes, as bn_load_floats reads them */
+    BN_CUDA_TRY(cudaMemcpy(&bits, row + column * size, size, cudaMemcpyDeviceToHost));
+    float value;
+    bn_load_floats(w_dtype, &bits, 0, 1, &value);
+    return bn_fail_non_finite_weight(static_cast<int64_t>(host_bad_row) * K + column, K, value);
 }
 
 }  // namespace
@@ -314,10 +320,12 @@ bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtyp
                        "CUDA grid limit", (long long)M);
     cudaStream_t s = bn_stream(stream);
     BN_TRY(refuse_capture("bitnet_quantize_i2s", s));
-    double *row_sums = nullptr;
-    BN_CUDA_TRY(cudaMallocAsync(&row_sums, M * sizeof(double), s));
-    const bitnet_status status = quantize_i2s(w, w_dtype, M, K, row_segments, n_segments, row_sums,
-                                              w_packed, w_scales, s);
+    double *row_sums = nullptr; /* [M], then the flagged row */
+    BN_TRY(bn_cuda_scratch_alloc(device, M * sizeof(double) + sizeof(unsigned long long), s,
+                                 reinterpret_cast<void **>(&row_sums)));
+    const bitnet_status status = quantize_i2s(
+        device, w, w_dtype, M, K, row_segments, n_segments, row_sums,
+        reinterpret_cast<unsigned long long *>(row_sums + M), w_packed, w_scales, s);
     const cudaError_t free_err = cudaFreeAsync(row_sums, s);
     if (status == BITNET_OK) BN_CUDA_TRY(free_err);
     return status;
@@ -329,7 +337,7 @@ bitnet_status bn_cuda_pack_ternary(int32_t device, const int8_t *w_q, int64_t M,
     BN_CUDA_ENTER(guard, device);
     cudaStream_t s = bn_stream(stream);
     int64_t count = M * K, bad = -1;
-    BN_TRY(first_flagged("bitnet_pack_ternary", s, [&](unsigned long long *first) {
+    BN_TRY(first_flagged("bitnet_pack_ternary", device, s, [&](unsigned long long *first) {
         find_non_ternary<<<grid_for(count / 16), kThreads, 0, s>>>(w_q, count, first);
     }, &bad));
     if (bad >= 0) {
