@@ -146,13 +146,16 @@ def demo_markdown(runs):
     lines = ["Demo (`python -m bitnet_ffi demo --json`): BitNet b1.58 2B4T shapes, "
              f"{runs[0]['layers']} layers, prompt {runs[0]['prompt_len']}, "
              f"{runs[0]['tokens']} tokens; decode timed as {runs[0]['timing']}.", "",
-             "| batch | decode ms/step | tokens/s | GB/s | prefill tokens/s | torch bf16 ms/step | "
-             "× torch |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| batch | decode ms/step | tokens/s | GB/s | prefill tokens/s | torch bf16 prefill "
+             "tokens/s | torch bf16 ms/step | × torch |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         ms, torch_ms = r["decode_ms_per_token"], r.get("torch_ms_per_token")
+        torch_prefill = r.get("torch_prefill_tokens_per_s")
         torch_cells = "| |" if torch_ms is None else f"| {torch_ms:.3f} | {torch_ms / ms:.2f} |"
         lines.append(f"| {r['batch']} | {ms:.3f} | {r['decode_tokens_per_s']:.0f} | "
-                     f"{r['decode_gbps']:.0f} | {r['prefill_tokens_per_s']:.0f} {torch_cells}")
+                     f"{r['decode_gbps']:.0f} | {r['prefill_tokens_per_s']:.0f} | "
+                     f"{'' if torch_prefill is None else f'{torch_prefill:.0f}'} {torch_cells}")
     kinds = list(runs[0]["op_ms"])
     lines += ["", "Per-op time of one decode step (ms; each kind's ops captured and replayed alone):",
               "", "| op | " + " | ".join(f"batch {r['batch']}" for r in runs) + " |",
@@ -266,6 +269,11 @@ def _at_most(value, bound, text):
 DEMO_TIMING_NOTE = ("set from a timing whose steps ran past the KV cache's end (0.907 ms at batch 1, "
                     "docs/log/2026-11-26.md#2026-11-26-15); the decode fusion of issue 40 is the work "
                     "that meets it")
+QUANTIZE_I2S_NOTE = ("the call must return the error of a non-finite weight, so it waits for the "
+                     "GPU and its time includes the host's part (about 100 of 330 µs); its two "
+                     "passes over W run at 88-94 µs each, 92% of read bandwidth "
+                     "(docs/log/2026-11-27.md#2026-11-27-1)")
+OPEN_ISSUE_NOTE = "issue {} is open: docs/log/2026-11-27.md#2026-11-27-1 says where the time goes"
 TARGETS = [
     ("GEMV", "55296×5120 ≥ 85% of read bandwidth",
      lambda r: _at_least(_gemv(r, 55296, 5120)["pct_read_bw"], 85, "{:.0f}%")),
@@ -281,7 +289,7 @@ TARGETS = [
     ("GEMV", "≥ 6× torch bf16 at 55296×5120",
      lambda r: _at_least(_gemv(r, 55296, 5120)["speedup_vs_torch"], 6, "{:.1f}×")),
     ("GEMV", "quantize_i2s ≥ 70% of read bandwidth (256 MiB)",
-     lambda r: _at_least(_gemv_op(r, "quantize_i2s")["pct_read_bw"], 70, "{:.0f}%")),
+     lambda r: _at_least(_gemv_op(r, "quantize_i2s")["pct_read_bw"], 70, "{:.0f}%"), QUANTIZE_I2S_NOTE),
     ("GEMV", "quantize_a8 ≥ 70% of read bandwidth (256 MiB)",
      lambda r: _at_least(_gemv_op(r, "quantize_a8")["pct_read_bw"], 70, "{:.0f}%")),
     ("RMSNorm", "H = 2560, T = 32768 ≥ 92% of read bandwidth",
@@ -315,6 +323,13 @@ TARGETS = [
     ("demo", "batch 8 step ≤ 1.5× the batch-1 step",
      lambda r: _at_most(_demo(r, 8)["decode_ms_per_token"] / _demo(r, 1)["decode_ms_per_token"], 1.5, "{:.2f}×"),
      DEMO_TIMING_NOTE),
+    ("demo", "decode ≤ 0.55 ms per token (batch 1, context 1024; issue 40)",
+     lambda r: _at_most(_demo(r, 1)["decode_ms_per_token"], 0.55, "{:.3f} ms"), OPEN_ISSUE_NOTE.format(40)),
+    ("demo", "batch 8 step ≤ 0.75 ms (context 1024; issue 40)",
+     lambda r: _at_most(_demo(r, 8)["decode_ms_per_token"], 0.75, "{:.3f} ms"), OPEN_ISSUE_NOTE.format(40)),
+    ("demo", "prefill of a 960-token prompt ≥ 150,000 tokens/s (batch 1; issue 39)",
+     lambda r: _at_least(_demo(r, 1)["prefill_tokens_per_s"], 150000, "{:,.0f} tokens/s"),
+     OPEN_ISSUE_NOTE.format(39)),
 ]
 
 
