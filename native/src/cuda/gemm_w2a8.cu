@@ -370,10 +370,11 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
-    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && (2 * blocks_128 >= sms || K <= 4096)) {
+    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && (2 * blocks_128 >= sms || K <= 4096) &&
+        blocks_128 <= INT32_MAX) {
         const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
         const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
-        return gemm_w2a8_sm90(device, a, rows, s);
+        return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 <= sms, s);
     }
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
      * that still leaves two waves of blocks. */

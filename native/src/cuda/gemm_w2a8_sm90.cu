@@ -25,12 +25,17 @@ namespace {
 
 constexpr int kTokens = 128, kThreads = 256;
 
-/* ROWS = 64 MT x 2 weight rows per block. 256 rows: one block per SM (the accumulators take 128
- * registers a thread); 128 rows: two blocks per SM, so one block's epilogue overlaps another's loop. */
-template <int MT>
+/* Blocks are taken in groups of this many token tiles: the blocks that run at once share the x of
+ * the group and the weights of one range of rows (for large N, x is not read again for every row tile). */
+constexpr int kGroupTokenTiles = 8;
+
+/* ROWS = 64 MT x 2 weight rows per block, STAGES k tiles in shared memory (STAGES - 2 of them copied
+ * ahead of the one being expanded). 256 rows: one block per SM (the accumulators take 128 registers a
+ * thread); 128 rows: two blocks per SM (5 stages), so one block's epilogue overlaps another's loop. */
+template <int MT, int STAGES>
 struct Shape {
     static constexpr int kRows = 128 * MT;
-    static constexpr int kStages = MT == 2 ? 6 : 4;
+    static constexpr int kStages = STAGES;
     static constexpr int kXBytes = kTokens * kTileK, kWBytes = kRows * kTileKBytesW;
     static constexpr int kStageBytes = kXBytes + kWBytes; /* a multiple of 1024: x tiles stay 1024-aligned */
     /* The epilogue's tile, [token][row] words; rows padded by 4 words so that the 32 lanes of a store
@@ -121,10 +126,12 @@ __device__ __forceinline__ void store8(const GemmArgs &a, int n, int m, const ui
     }
 }
 
-/* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). */
-template <int MT>
+/* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). A 1-D
+ * grid of token tiles x row tiles, in groups of kGroupTokenTiles token tiles: block b of a group
+ * takes token tile b % (tiles in the group) and row tile b / (tiles in the group). */
+template <int MT, int STAGES>
 __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector) {
-    using S = Shape<MT>;
+    using S = Shape<MT, STAGES>;
     constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes;
     extern __shared__ int4 shared[];
     const uint32_t smem_base = (shared_address(shared) + 1023) & ~1023u;
@@ -133,7 +140,12 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int g = lane / 4, t = lane % 4;
     const int warpgroup = warp / 4, warp_in_group = warp % 4;
-    const int token0 = blockIdx.x * kTokens, row0 = blockIdx.y * S::kRows;
+    const int row_tiles = (a.M + S::kRows - 1) / S::kRows, token_tiles = (a.N + kTokens - 1) / kTokens;
+    const int group = static_cast<int>(blockIdx.x) / (kGroupTokenTiles * row_tiles);
+    const int in_group = static_cast<int>(blockIdx.x) - group * kGroupTokenTiles * row_tiles;
+    const int group_tiles = min(kGroupTokenTiles, token_tiles - group * kGroupTokenTiles);
+    const int token0 = (group * kGroupTokenTiles + in_group % group_tiles) * kTokens;
+    const int row0 = in_group / group_tiles * S::kRows;
     const int k_tiles = a.K / kTileK;
     const int64_t w_row_bytes = a.K / 4;
 
@@ -276,20 +288,21 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     }
 }
 
-template <int MT>
+template <int MT, int STAGES>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
-    using S = Shape<MT>;
-    auto kernel = gemm_w2a8_wgmma<MT>;
+    using S = Shape<MT, STAGES>;
+    auto kernel = gemm_w2a8_wgmma<MT, STAGES>;
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
     const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
-    const dim3 grid(bn_ceil_div(a.N, kTokens), bn_ceil_div(a.M, S::kRows));
+    const dim3 grid(bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows)); /* <= INT32_MAX: the caller's */
     BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), S::kSharedBytes, stream, a, vector));
     return BITNET_OK;
 }
 
 }  // namespace
 
-bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, cudaStream_t stream) {
-    static_assert(BN_GEMM_MAX_M <= 65535LL * 128, "blocks of rows: gridDim.y <= 65535");
-    return rows == 256 ? launch<2>(device, a, stream) : launch<1>(device, a, stream);
+bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, bool one_per_sm,
+                                      cudaStream_t stream) {
+    if (rows == 256) return launch<2, 8>(device, a, stream);
+    return one_per_sm ? launch<1, 10>(device, a, stream) : launch<1, 5>(device, a, stream);
 }
