@@ -100,10 +100,11 @@ def _rank_main(target, rank, world, device, conn, args):
     conn.close()
 
 
-def run_ranks(target, world, args=(), timeout=600.0, devices=None):
+def run_ranks(target, world, args=(), timeout=600.0, devices=None, grace=GRACE_S):
     """Runs ``target(ctx, *args)`` in `world` spawned processes, rank r on CUDA device
     devices[r] (default r); returns their results in rank order. target and args must pickle.
-    Raises RankFailedError naming the rank that failed first (or timed out)."""
+    Raises RankFailedError naming the rank that failed first (or timed out); after a failure or
+    the timeout, the other ranks get `grace` seconds to stop before they are killed."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     devices = list(range(world)) if devices is None else list(devices)
     context = mp.get_context("spawn")
@@ -135,7 +136,7 @@ def run_ranks(target, world, args=(), timeout=600.0, devices=None):
                     first_failure = (None, f"timed out after {timeout:.0f} s (ranks "
                                            f"{sorted(open_ranks)} still running)")
                     abort_all(None, first_failure[1])
-                    deadline = time.monotonic() + GRACE_S
+                    deadline = time.monotonic() + grace
                     continue
                 break
             by_conn = {pipes[r]: r for r in open_ranks}
@@ -167,7 +168,7 @@ def run_ranks(target, world, args=(), timeout=600.0, devices=None):
                     failed = rank if failed is None else failed
                     first_failure = (failed, f"rank {failed} failed: {message}")
                     abort_all(failed, first_failure[1])
-                    deadline = min(deadline, time.monotonic() + GRACE_S)
+                    deadline = min(deadline, time.monotonic() + grace)
     finally:
         hung = [procs[r] for r in open_ranks if procs[r].is_alive()]
         for proc in hung:  # where each hung rank is stuck, on its stderr
