@@ -11,44 +11,51 @@ from .errors import InvalidArgumentError
 BITNET_ROPE_THETA = 500000.0
 
 
-def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, stream=None):
-    """RoPE (rotate-half, Llama/HF convention) on q in place and on k, appending to the KV cache.
+def rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, out=None,
+                   stream=None):
+    """RoPE (rotate-half, Llama/HF convention) on the output of a fused QKV projection, appending
+    the keys and values to the KV cache; returns the rotated queries.
 
-    Token s of sequence b sits at position ``p = positions[b] + s``. In every head, each pair
-    ``(x[i], x[i + D/2])``, ``i < D/2``, turns by the angle ``p * theta ** (-2 i / D)``::
+    Each token's row of ``qkv`` holds Hq query heads, then Hkv key heads, then Hkv value heads (the
+    order of a model's fused QKV weights). Token s of sequence b sits at position
+    ``p = positions[b] + s``. In every q and k head, each pair ``(x[i], x[i + D/2])``, ``i < D/2``,
+    turns by the angle ``p * theta ** (-2 i / D)``::
 
         x'[i] = x[i] cos - x[i + D/2] sin,    x'[i + D/2] = x[i + D/2] cos + x[i] sin
 
-    then ``k_cache[b, p] = rotated k[b, s]`` and ``v_cache[b, p] = v[b, s]``. Angles, cos and sin
-    are computed in float64 (both backends), the rotation in float32.
+    then ``out[b, s] = rotated q heads``, ``k_cache[b, p] = rotated k heads`` and
+    ``v_cache[b, p] = v heads``. Angles, cos and sin are computed in float64 (both backends), the
+    rotation in float32.
 
     Parameters
     ----------
-    q : array [B, S, Hq, D], rotated in place
-    k, v : arrays [B, S, Hkv, D]
+    qkv : array [B, S, Hq + 2 Hkv, D]
     k_cache, v_cache : arrays [B, C, Hkv, D], rows positions[b] .. positions[b] + S - 1 written
-    positions : sequence of int, or int32 array [B] on q's device
+    positions : sequence of int, or int32 array [B] on qkv's device
         Host values are checked (0 <= positions[b] <= C - S) and uploaded explicitly for a GPU op
         (a synchronous copy; pass a device array to stay asynchronous). For a device array the
-        host cannot check: a GPU sequence out of range is skipped (its q and cache rows untouched).
+        host cannot check: a GPU sequence out of range is skipped (its out and cache rows
+        untouched).
     theta : float
         RoPE base (BitNet b1.58 uses 500000).
+    out : array [B, S, Hq, D], optional
 
     Returns
     -------
-    q
+    out
     """
     arrays, device, handle = _arrays.prepare(
-        {"q": q, "k": k, "v": v, "k_cache": k_cache, "v_cache": v_cache}, stream,
-        writes=("q", "k_cache", "v_cache"))
-    qa = _arrays.check(arrays["q"], "q", FLOAT_DTYPES, (None, None, None, None))
-    B, S, Hq, D = qa.shape
-    ka = _arrays.check(arrays["k"], "k", qa.dtype, (B, S, None, D))
-    Hkv = ka.shape[2]
-    _arrays.check(arrays["v"], "v", qa.dtype, (B, S, Hkv, D))
-    kc = _arrays.check(arrays["k_cache"], "k_cache", qa.dtype, (B, None, Hkv, D))
-    C = kc.shape[1]
-    _arrays.check(arrays["v_cache"], "v_cache", qa.dtype, (B, C, Hkv, D))
+        {"qkv": qkv, "k_cache": k_cache, "v_cache": v_cache, "out": out}, stream,
+        writes=("k_cache", "v_cache", "out"), optional=("out",))
+    qkva = _arrays.check(arrays["qkv"], "qkv", FLOAT_DTYPES, (None, None, None, None))
+    B, S, heads, D = qkva.shape
+    kc = _arrays.check(arrays["k_cache"], "k_cache", qkva.dtype, (B, None, None, D))
+    C, Hkv = kc.shape[1], kc.shape[2]
+    _arrays.check(arrays["v_cache"], "v_cache", qkva.dtype, (B, C, Hkv, D))
+    Hq = heads - 2 * Hkv
+    if Hq < 1:
+        raise InvalidArgumentError(f"qkv: {heads} heads per token leave no query heads beside "
+                                   f"2 x {Hkv} key and value heads (the caches' head count)")
     theta = _arrays.number(theta, "theta")
     if not (math.isfinite(theta) and theta > 1):
         raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
@@ -58,11 +65,12 @@ def rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA
             raise InvalidArgumentError(f"positions[{bad[0]}] = {host[bad[0]]}: {S} new tokens do "
                                        f"not fit a cache of C = {C}")
 
-    pos = _arrays.int32_per_row(positions, "positions", B, qa, check_range)
-    _ffi.call("rope_append_kv", device, DTYPE_CODES[qa.dtype], B, S, Hq, Hkv, D, qa.cptr(),
-              ka.cptr(), arrays["v"].cptr(), kc.cptr(), arrays["v_cache"].cptr(), C,
-              pos.cptr("int32_t *"), float(theta), handle)
-    return q
+    out, oa = _arrays.output(arrays, "out", out, qkva, (B, S, Hq, D), qkva.dtype)
+    pos = _arrays.int32_per_row(positions, "positions", B, qkva, check_range)
+    _ffi.call("rope_append_kv", device, DTYPE_CODES[qkva.dtype], B, S, Hq, Hkv, D, qkva.cptr(),
+              oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"),
+              float(theta), handle)
+    return out
 
 
 ACTIVATIONS = {"relu2": 0, "silu": 1}  # bitnet_activation

@@ -26,7 +26,7 @@ from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
 from .norm import add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm_quantize
 from .sampling import sample
-from .ternary import TernaryWeights, gemv_w2a8, quantize_a8, quantize_i2s
+from .ternary import gemv_w2a8, quantize_a8, quantize_i2s
 
 BF16 = "bfloat16"
 
@@ -148,7 +148,6 @@ class Session:
         c, N = self.config, self.batch * steps
         H, I = c.hidden, c.intermediate
         q_shape = (self.batch, steps, c.heads, c.head_dim)
-        kv_shape = (self.batch, steps, c.kv_heads, c.head_dim)
         b = {"ids": self.alloc((N,), "int32"), "h": self.alloc((N, H), BF16),
              "x_q": self.alloc((N, max(H, I)), "int8"), "x_s": self.alloc((N,), "float32"),
              "attn": self.alloc(q_shape, BF16),
@@ -158,15 +157,8 @@ class Session:
              "logits": self.alloc((self.batch, c.vocab), "float32")}
         # decode writes the next ids over the ones it has read; a prompt has more ids than that
         b["next"] = b["ids"] if steps == 1 else self.alloc((self.batch,), "int32")
-        if N == 1:  # one token: q, k and v are views of the fused QKV projection's output
-            b["qkv"] = self.alloc((1, H + 2 * c.kv_dim), BF16)
-            flat = b["qkv"].reshape(-1)
-            b["q"] = flat[:H].reshape(q_shape)
-            b["k"] = flat[H:H + c.kv_dim].reshape(kv_shape)
-            b["v"] = flat[H + c.kv_dim:].reshape(kv_shape)
-        else:
-            b.update(q=self.alloc(q_shape, BF16), k=self.alloc(kv_shape, BF16),
-                     v=self.alloc(kv_shape, BF16))
+        b["qkv"] = self.alloc((N, H + 2 * c.kv_dim), BF16)
+        b["q"] = self.alloc(q_shape, BF16)
         ws = attention_workspace_size(self.device, self.batch, steps, c.heads, c.kv_heads,
                                       c.head_dim, self.capacity)
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
@@ -228,9 +220,10 @@ class Session:
                 x_q, x_s = self.norm_quantize(b["h"], layer.attn_norm, b)
             else:
                 x_q, x_s = self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual)
-            self.qkv(layer.qkv, x_q, x_s, b, steps)
-            self.op("rope + kv append", rope_append_kv, b["q"], b["k"], b["v"],
-                    self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta)
+            self.project(layer.qkv, x_q, x_s, b["qkv"])
+            qkv = b["qkv"].reshape(self.batch, steps, c.heads + 2 * c.kv_heads, c.head_dim)
+            self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
+                    self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
             self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
                     causal=True, seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"])
             a_q, a_s = self.norm_quantize(_flat(b["attn"], N, c.hidden), layer.attn_sub_norm, b)
@@ -259,22 +252,6 @@ class Session:
         # the new tokens now sit in the cache: the next step starts after them and sees one more
         self.op("bookkeeping", add_int32, self.positions, steps)
         self.op("bookkeeping", add_int32, self.seq_lens, 1)
-
-    def qkv(self, weights, x_q, x_s, b, steps):
-        """q, k, v of the new tokens: one fused GEMV for a single token, whose output rows split
-        into q, k and v in place; three GEMVs over the weights' row ranges otherwise."""
-        c = self.config
-        parts = (c.hidden, c.kv_dim, c.kv_dim)
-        if "qkv" in b:
-            self.project(weights, x_q, x_s, b["qkv"])
-            return
-        start = 0
-        for name, rows in zip("qkv", parts):
-            out = _flat(b[name], self.batch * steps, rows)
-            part = TernaryWeights(weights.packed[start:start + rows],
-                                  weights.scales[start:start + rows])
-            self.project(part, x_q, x_s, out)
-            start += rows
 
     def prefill(self, prompt, lengths=None, progress=None):
         """Starts every sequence afresh with a [batch, P] prompt (row b's first lengths[b] ids,

@@ -240,10 +240,8 @@ class TPSession:
              "logits": self.alloc((1, c.vocab), "float32"), "sync": self.alloc((4,), "float32")}
         if self.solo:  # the head's output is the whole row
             b["logits_part"] = b["logits"]
-        flat = b["qkv"].reshape(-1)
-        b["q"] = flat[:hq * D].reshape(1, 1, hq, D)
-        b["k"] = flat[hq * D:(hq + hkv) * D].reshape(1, 1, hkv, D)
-        b["v"] = flat[(hq + hkv) * D:].reshape(1, 1, hkv, D)
+        b["qkv_heads"] = b["qkv"].reshape(1, 1, hq + 2 * hkv, D)
+        b["q"] = self.alloc((1, 1, hq, D), BF16)
         ws = attention_workspace_size(self.device, 1, 1, hq, hkv, D, capacity)
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
         self.b = b
@@ -323,8 +321,8 @@ class TPSession:
                 rmsnorm_quantize(b["proj"], layer.attn_norm, eps=c.eps, residual=residual,
                                  out=(x_q, x_s), **kw)
             gemv_w2a8(layer.qkv, x_q, x_s, out_dtype=BF16, out=b["qkv"], **kw)
-            rope_append_kv(b["q"], b["k"], b["v"], self.k_cache[index], self.v_cache[index],
-                           self.positions, theta=c.theta, **kw)
+            rope_append_kv(b["qkv_heads"], self.k_cache[index],
+                           self.v_cache[index], self.positions, theta=c.theta, out=b["q"], **kw)
             attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
                       seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"], **kw)
             self.row_parallel(layer.o, b["attn"].reshape(1, -1), layer.attn_sub_norm, None,

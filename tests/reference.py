@@ -464,11 +464,10 @@ def valid_call(entry, mem, rng):
         return Call(entry, dict(device=d, B=1, Sq=2, Hq=4, Hkv=2, D=64, C=5,
                                 bytes=Out("int64_t *")), ("bytes",))
     if entry == "rope_append_kv":
-        q, kv, cache = (2, 3, 4, 8), (2, 3, 2, 8), (2, 6, 2, 8)
+        qkv, q, cache = (2, 3, 8, 8), (2, 3, 4, 8), (2, 6, 2, 8)
         return Call(entry, dict(device=d, dtype=code, B=2, S=3, Hq=4, Hkv=2, D=8,
-                                q=put(values(rng, q, fd)), k=put(values(rng, kv, fd)),
-                                v=put(values(rng, kv, fd)), k_cache=put(poison(cache, fd)),
-                                v_cache=put(poison(cache, fd)), C=6,
+                                qkv=put(values(rng, qkv, fd)), q=put(poison(q, fd)),
+                                k_cache=put(poison(cache, fd)), v_cache=put(poison(cache, fd)), C=6,
                                 positions=put(np.array([0, 3], np.int32)), theta=10000.0,
                                 stream=NULL), ("q", "k_cache", "v_cache"))
     if entry == "relu2_gate":
@@ -539,8 +538,7 @@ def make_every_op_inputs(seed):
         "hidden": normal(4, 200), "norm_w": normal(200), "residual": normal(4, 200),
         "q": normal(2, 3, 4, 64, dtype=np.float16), "k": normal(2, 37, 2, 64, dtype=np.float16),
         "v": normal(2, 37, 2, 64, dtype=np.float16),
-        "rq": normal(2, 3, 4, 64, dtype=np.float16), "rk": normal(2, 3, 2, 64, dtype=np.float16),
-        "rv": normal(2, 3, 2, 64, dtype=np.float16),
+        "rqkv": normal(2, 3, 8, 64, dtype=np.float16),
         "k_cache": np.zeros((2, 9, 2, 64), np.float16), "v_cache": np.zeros((2, 9, 2, 64), np.float16),
         "gate_up": normal(5, 96, dtype=np.float16),
         "head_w": normal(50, 64, dtype=ml_dtypes.bfloat16), "head_x": normal(2, 64),
@@ -568,8 +566,8 @@ def run_every_op(inputs, put, get, stream=None):
     out["add_rmsnorm"] = get(bn.add_rmsnorm(d["hidden"], d["residual"], d["norm_w"], stream=stream))
     out["residual"] = get(d["residual"])
     out["attention"] = get(bn.attention(d["q"], d["k"], d["v"], seq_lens=[37, 20], stream=stream))
-    bn.rope_append_kv(d["rq"], d["rk"], d["rv"], d["k_cache"], d["v_cache"], [0, 5], stream=stream)
-    out["rope_q"], out["k_cache"], out["v_cache"] = get(d["rq"]), get(d["k_cache"]), get(d["v_cache"])
+    rope_q = bn.rope_append_kv(d["rqkv"], d["k_cache"], d["v_cache"], [0, 5], stream=stream)
+    out["rope_q"], out["k_cache"], out["v_cache"] = get(rope_q), get(d["k_cache"]), get(d["v_cache"])
     out["relu2"] = get(bn.relu2_gate(d["gate_up"], stream=stream))
     out["gemv_bf16"] = get(bn.gemv_bf16(d["head_w"], d["head_x"], stream=stream))
     out["argmax"] = get(bn.argmax(d["logits"], stream=stream))
@@ -643,12 +641,13 @@ def cast(x, dtype):
 
 
 def rope_case(rng, dtype, B, S, Hq, Hkv, D, C):
+    """q, k, v, their fused [B, S, Hq + 2 Hkv, D] qkv, and NaN caches [B, C, Hkv, D]."""
     q = cast(rng.standard_normal((B, S, Hq, D)), dtype)
     k = cast(rng.standard_normal((B, S, Hkv, D)), dtype)
     v = cast(rng.standard_normal((B, S, Hkv, D)), dtype)
     k_cache = np.full((B, C, Hkv, D), np.nan, dtype=q.dtype)
     v_cache = np.full((B, C, Hkv, D), np.nan, dtype=q.dtype)
-    return q, k, v, k_cache, v_cache
+    return q, k, v, np.concatenate([q, k, v], axis=2), k_cache, v_cache
 
 
 def to_torch(x):

@@ -246,9 +246,9 @@ MUTATIONS = {
         Mutation("theta", -5.0, INVALID, "theta must be finite and > 1"),
         Mutation("positions", np.array([0, 4], np.int32), INVALID, "do not fit a cache", "cpu"),
         Mutation("positions", np.array([-1, 0], np.int32), INVALID, "do not fit a cache", "cpu"),
-    ] + pointers("q", "k", "v", "k_cache", "v_cache", "positions",
-                 aligned=("q", "k", "v", "k_cache", "v_cache", "positions"))
-      + overlaps(("k", "k_cache", ("k", "k_cache")), ("v", "q", ("q", "v")),
+    ] + pointers("qkv", "q", "k_cache", "v_cache", "positions",
+                 aligned=("qkv", "q", "k_cache", "v_cache", "positions"))
+      + overlaps(("q", "qkv", ("qkv", "q")), ("k_cache", "qkv", ("qkv", "k_cache")),
                  ("v_cache", "k_cache", ("k_cache", "v_cache")), ("positions", "q", ("q", "positions"))),
     "relu2_gate": bad_devices() + non_positive("must be positive", "T", "F") + [
         Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
@@ -550,7 +550,7 @@ def python_cases(rng):
     residual = f32(rng, 3, 8)
     q, kv = f32(rng, 1, 2, 4, 64), f32(rng, 1, 5, 2, 64)
     att_out = nan_like((1, 2, 4, 64))
-    rq, rkv, cache = f32(rng, 2, 3, 4, 8), f32(rng, 2, 3, 2, 8), nan_like((2, 6, 2, 8))
+    rqkv, rout, cache = f32(rng, 2, 3, 8, 8), nan_like((2, 3, 4, 8)), nan_like((2, 6, 2, 8))
     gate, gate_out = f32(rng, 3, 10), nan_like((3, 5))
     gq = (np.full((3, 5), 0x7F, np.int8), nan_like((3,)))  # relu2_rmsnorm_quantize's codes, scales
     hw = rng.standard_normal((3, 16)).astype(_arrays.numpy_dtype("bfloat16"))
@@ -565,7 +565,7 @@ def python_cases(rng):
     bad_w_q = np.full((3, 128), 3, np.int8)
     strided = f32(rng, 3, 16)[:, ::2]
     ro_y, ro_residual, ro_codes = read_only(y), read_only(residual), read_only(np.zeros((3, 8), np.int8))
-    ro_gate_out, ro_att_out, ro_rq = read_only(gate_out), read_only(att_out), read_only(rq)
+    ro_gate_out, ro_att_out, ro_rout = read_only(gate_out), read_only(att_out), read_only(rout)
     ro_cache, ro_index, ro_counter = read_only(cache), read_only(index), read_only(counter)
     ro_gy = read_only(gy)
     return [
@@ -597,17 +597,17 @@ def python_cases(rng):
         ("relu2_gate out over gate_up's first rows",
          lambda: bn.relu2_gate(gate, out=gate.reshape(-1)[:15].reshape(3, 5)), InvalidArgumentError,
          "gate_up and out overlap", [gate]),
-        ("rope one cache for k and v", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3]),
-         InvalidArgumentError, "k_cache and v_cache overlap", [rq, cache]),
+        ("rope one cache for k and v", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 3], out=rout),
+         InvalidArgumentError, "k_cache and v_cache overlap", [rout, cache]),
         ("attention read-only out", lambda: bn.attention(q, kv, kv, out=ro_att_out),
          InvalidArgumentError, "out: the array is read-only", [ro_att_out]),
         ("attention read-only workspace",
          lambda: bn.attention(q, kv, kv, out=att_out, workspace=read_only(np.zeros(64, np.uint8))),
          InvalidArgumentError, "workspace: the array is read-only", [att_out]),
-        ("rope read-only q", lambda: bn.rope_append_kv(ro_rq, rkv, rkv, cache, cache, [0, 3]),
-         InvalidArgumentError, "q: the array is read-only", [ro_rq, cache]),
-        ("rope read-only v_cache", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, ro_cache, [0, 3]),
-         InvalidArgumentError, "v_cache: the array is read-only", [rq, cache, ro_cache]),
+        ("rope read-only out", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 3], out=ro_rout),
+         InvalidArgumentError, "out: the array is read-only", [ro_rout, cache]),
+        ("rope read-only v_cache", lambda: bn.rope_append_kv(rqkv, cache, ro_cache, [0, 3], out=rout),
+         InvalidArgumentError, "v_cache: the array is read-only", [rout, cache, ro_cache]),
         ("relu2_gate read-only out", lambda: bn.relu2_gate(gate, out=ro_gate_out),
          InvalidArgumentError, "out: the array is read-only", [ro_gate_out]),
         ("gemv_bf16 read-only out", lambda: bn.gemv_bf16(hw, hx, out=read_only(hy)),
@@ -709,27 +709,29 @@ def python_cases(rng):
         ("attention_workspace_size device", lambda: bn.attention_workspace_size(4096, 1, 1, 4, 2,
                                                                                  64, 5),
          NoDeviceError, "does not exist", []),
-        ("rope theta nan", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3],
+        ("rope theta nan", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 3], out=rout,
                                                      theta=math.nan),
-         InvalidArgumentError, "theta must be finite", [rq, cache]),
-        ("rope theta inf", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3],
+         InvalidArgumentError, "theta must be finite", [rout, cache]),
+        ("rope theta inf", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 3], out=rout,
                                                      theta=math.inf),
-         InvalidArgumentError, "theta must be finite", [rq, cache]),
-        ("rope theta 1", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3], theta=1.0),
-         InvalidArgumentError, "theta must be finite and > 1", [rq, cache]),
-        ("rope positions range", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 4]),
-         InvalidArgumentError, "positions[1] = 4", [rq, cache]),
-        ("rope positions negative", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [-1, 0]),
-         InvalidArgumentError, "positions[0] = -1", [rq, cache]),
-        ("rope positions count", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0]),
-         InvalidArgumentError, "positions: expected 2 integers", [rq, cache]),
-        ("rope k_cache shape", lambda: bn.rope_append_kv(rq, rkv, rkv, nan_like((2, 6, 1, 8)),
-                                                         cache, [0, 3]),
-         InvalidArgumentError, "k_cache: expected shape", [rq, cache]),
-        ("rope odd head_dim", lambda: bn.rope_append_kv(f32(rng, 1, 1, 1, 7), f32(rng, 1, 1, 1, 7),
-                                                        f32(rng, 1, 1, 1, 7), nan_like((1, 2, 1, 7)),
+         InvalidArgumentError, "theta must be finite", [rout, cache]),
+        ("rope theta 1", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 3], out=rout, theta=1.0),
+         InvalidArgumentError, "theta must be finite and > 1", [rout, cache]),
+        ("rope positions range", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 4], out=rout),
+         InvalidArgumentError, "positions[1] = 4", [rout, cache]),
+        ("rope positions negative", lambda: bn.rope_append_kv(rqkv, cache, cache, [-1, 0], out=rout),
+         InvalidArgumentError, "positions[0] = -1", [rout, cache]),
+        ("rope positions count", lambda: bn.rope_append_kv(rqkv, cache, cache, [0], out=rout),
+         InvalidArgumentError, "positions: expected 2 integers", [rout, cache]),
+        ("rope k_cache shape", lambda: bn.rope_append_kv(rqkv, nan_like((2, 6, 2, 4)), cache,
+                                                         [0, 3], out=rout),
+         InvalidArgumentError, "k_cache: expected shape", [rout, cache]),
+        ("rope odd head_dim", lambda: bn.rope_append_kv(f32(rng, 1, 1, 3, 7), nan_like((1, 2, 1, 7)),
                                                         nan_like((1, 2, 1, 7)), [0]),
          InvalidArgumentError, "must be even", []),
+        ("rope no query heads", lambda: bn.rope_append_kv(rqkv[:, :, :4].copy(), cache, cache, [0, 3],
+                                                          out=rout),
+         InvalidArgumentError, "leave no query heads", [rout, cache]),
         ("relu2_gate odd width", lambda: bn.relu2_gate(f32(rng, 3, 9)), InvalidArgumentError,
          "expected shape [..., 2F]", []),
         ("relu2_gate out shape", lambda: bn.relu2_gate(gate, out=nan_like((3, 4))),
@@ -854,8 +856,8 @@ def python_cases(rng):
          ArgumentTypeError, "eps: expected a number, got '1e-5'", []),
         ("attention scale text", lambda: bn.attention(q, kv, kv, scale="0.1", out=att_out),
          ArgumentTypeError, "scale: expected a number", [att_out]),
-        ("rope theta None", lambda: bn.rope_append_kv(rq, rkv, rkv, cache, cache, [0, 3], theta=None),
-         ArgumentTypeError, "theta: expected a number", [rq, cache]),
+        ("rope theta None", lambda: bn.rope_append_kv(rqkv, cache, cache, [0, 3], out=rout, theta=None),
+         ArgumentTypeError, "theta: expected a number", [rout, cache]),
         ("op stream text", lambda: bn.quantize_a8(wt, stream="default"), ArgumentTypeError,
          "stream: expected a CUDA stream", []),
         ("attention_workspace_size float size",
@@ -1319,32 +1321,32 @@ def test_c_abi_rejects_bad_arguments():
 # layer_glue (from test_layer_glue.py)
 @pytest.mark.cpu
 def test_cpu_rope_bad_input(rng):
-    q, k, v, k_cache, v_cache = rope_case(rng, "float16", 2, 3, 8, 2, 64, 10)
-    q_before = q.copy()
+    q, k, v, qkv, k_cache, v_cache = rope_case(rng, "float16", 2, 3, 8, 2, 64, 10)
+    out = np.full(q.shape, np.nan, q.dtype)
     for kwargs, match in [(dict(positions=[8, 0]), r"positions\[0\]"), (dict(positions=[0, -1]),
                           r"positions\[1\]"), (dict(positions=[0]), "positions"),
-                          (dict(theta=0.5), "theta"), (dict(k=k[:, :, :1].copy()), "shape"),
+                          (dict(theta=0.5), "theta"), (dict(out=out[:, :, :1].copy()), "shape"),
                           (dict(v_cache=v_cache.astype(np.float32)), "dtype")]:
-        args = dict(q=q, k=k, v=v, k_cache=k_cache, v_cache=v_cache, positions=[0, 7])
+        args = dict(qkv=qkv, k_cache=k_cache, v_cache=v_cache, positions=[0, 7], out=out)
         args.update(kwargs)
         with pytest.raises(InvalidArgumentError, match=match):
             bitnet_ffi.rope_append_kv(**args)
     lib, ffi = _ffi.lib(), _ffi.ffi
     ptr = (lambda a: ffi.cast("void *", a.ctypes.data))
     positions = np.array([0, 8], np.int32)
-    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 64, ptr(q), ptr(k), ptr(v), ptr(k_cache),
-                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
-                                       500000.0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "positions[1]" in _ffi.last_error()
-    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 63, ptr(q), ptr(k), ptr(v), ptr(k_cache),
-                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
-                                       500000.0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "even" in _ffi.last_error()
-    status = lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, 64, ptr(q), ffi.NULL, ptr(v), ptr(k_cache),
-                                       ptr(v_cache), 10, ffi.cast("int32_t *", positions.ctypes.data),
-                                       500000.0, ffi.NULL)
-    assert status == lib.BITNET_ERR_INVALID_ARGUMENT and "k is NULL" in _ffi.last_error()
-    np.testing.assert_array_equal(q.view(np.uint16), q_before.view(np.uint16))
+
+    def call(D=64, qkv_ptr=ptr(qkv), q_ptr=ptr(out)):
+        return lib.bitnet_rope_append_kv(-1, 1, 2, 3, 8, 2, D, qkv_ptr, q_ptr, ptr(k_cache),
+                                         ptr(v_cache), 10,
+                                         ffi.cast("int32_t *", positions.ctypes.data), 500000.0,
+                                         ffi.NULL)
+    assert call() == lib.BITNET_ERR_INVALID_ARGUMENT and "positions[1]" in _ffi.last_error()
+    assert call(D=63) == lib.BITNET_ERR_INVALID_ARGUMENT and "even" in _ffi.last_error()
+    assert call(qkv_ptr=ffi.NULL) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "qkv is NULL" in _ffi.last_error()
+    assert call(q_ptr=ptr(qkv)) == lib.BITNET_ERR_INVALID_ARGUMENT
+    assert "qkv and q overlap" in _ffi.last_error()
+    assert np.isnan(out.astype(np.float32)).all()
     assert np.isnan(k_cache.astype(np.float32)).all() and np.isnan(v_cache.astype(np.float32)).all()
 
 
@@ -1382,9 +1384,10 @@ def test_gpu_glue_bad_input(rng):
         bitnet_ffi.relu2_gate(gate_up.float(), out=out.float())
     with pytest.raises(InvalidArgumentError, match="different devices"):
         bitnet_ffi.relu2_gate(gate_up, out=out.cpu())
-    q, k, v, k_cache, v_cache = (to_torch(x) for x in rope_case(rng, "float16", 2, 3, 8, 2, 64, 10))
+    q, k, v, qkv, k_cache, v_cache = (to_torch(x) for x in
+                                      rope_case(rng, "float16", 2, 3, 8, 2, 64, 10))
     with pytest.raises(InvalidArgumentError, match=r"positions\[1\]"):
-        bitnet_ffi.rope_append_kv(q, k, v, k_cache, v_cache, [0, 8])
+        bitnet_ffi.rope_append_kv(qkv, k_cache, v_cache, [0, 8])
     torch.cuda.synchronize()
     assert torch.isnan(out).all() and torch.isnan(k_cache).all()
 

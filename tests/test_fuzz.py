@@ -429,9 +429,10 @@ def test_fuzz_rope_append_kv(backend, data):
     k = draw_floats(data, (B, S, Hkv, D), dtype, (-2, 2), non_finite=True, label="k")
     v = draw_floats(data, (B, S, Hkv, D), dtype, label="v")
     cache = np.full((B, C, Hkv, D), np.nan, _arrays.numpy_dtype(dtype))
-    qb, kc, vc = (to_backend(backend, a) for a in (q, cache, cache))
-    bn.rope_append_kv(qb, to_backend(backend, k), to_backend(backend, v), kc, vc, positions, theta)
-    q_after, k_cache, v_cache = to_numpy(qb), to_numpy(kc), to_numpy(vc)
+    qkv = np.concatenate([q, k, v], axis=2)
+    qkvb, kc, vc = (to_backend(backend, a) for a in (qkv, cache, cache))
+    q_after = to_numpy(bn.rope_append_kv(qkvb, kc, vc, positions, theta))
+    k_cache, v_cache = to_numpy(kc), to_numpy(vc)
     # test_layer_glue's bound, relative to the largest finite value (the angle's float32 rounding
     # on the GPU, p * 2^-24 <= 1.2e-4 rad, stays well inside it)
     atol = 4 * ROPE_TOL[dtype] * largest_finite(q)

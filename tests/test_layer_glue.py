@@ -11,6 +11,8 @@ from reference import (GATE_ATOL, GATE_TOL, ROPE_TOL, cast, cpu_isas, reference_
 
 
 def check_rope(q_before, q_after, k, v, k_cache, v_cache, positions, theta, dtype):
+    """q_after, the caches' rows at positions against the float64 rotation, v copied bit for bit,
+    the caches' other rows still NaN."""
     S = q_before.shape[1]
     tol = ROPE_TOL[dtype]
     np.testing.assert_allclose(np.asarray(q_after, np.float64),
@@ -33,21 +35,21 @@ def check_rope(q_before, q_after, k, v, k_cache, v_cache, positions, theta, dtyp
                                   (2, 3, 12, 4, 256, 40)])
 def test_cpu_rope_append_kv(rng, dtype, case):
     B, S, Hq, Hkv, D, C = case
-    q, k, v, k_cache, v_cache = rope_case(rng, dtype, B, S, Hq, Hkv, D, C)
+    q, k, v, qkv, k_cache, v_cache = rope_case(rng, dtype, B, S, Hq, Hkv, D, C)
     positions = [int(x) for x in rng.integers(0, C - S + 1, B)]
     positions[0] = C - S
-    q_before = q.copy()
-    assert bitnet_ffi.rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=500000.0) is q
-    check_rope(q_before, q, k, v, k_cache, v_cache, positions, 500000.0, dtype)
+    out = np.full(q.shape, np.nan, q.dtype)
+    assert bitnet_ffi.rope_append_kv(qkv, k_cache, v_cache, positions, theta=500000.0,
+                                     out=out) is out
+    check_rope(q, out, k, v, k_cache, v_cache, positions, 500000.0, dtype)
 
 
 @pytest.mark.cpu
 def test_cpu_rope_large_positions_and_theta(rng):
-    q, k, v, k_cache, v_cache = rope_case(rng, "float32", 2, 3, 4, 2, 128, 40000)
+    q, k, v, qkv, k_cache, v_cache = rope_case(rng, "float32", 2, 3, 4, 2, 128, 40000)
     positions = [39997, 12345]
-    q_before = q.copy()
-    bitnet_ffi.rope_append_kv(q, k, v, k_cache, v_cache, positions, theta=10000.0)
-    check_rope(q_before, q, k, v, k_cache, v_cache, positions, 10000.0, "float32")
+    out = bitnet_ffi.rope_append_kv(qkv, k_cache, v_cache, positions, theta=10000.0)
+    check_rope(q, out, k, v, k_cache, v_cache, positions, 10000.0, "float32")
 
 
 @pytest.mark.cpu
@@ -142,22 +144,36 @@ def test_gpu_relu2_gate_matches_cpu_bitwise(rng, dtype, shape):
     np.testing.assert_array_equal(to_numpy(gpu, dtype).view(np.uint16), cpu.view(np.uint16))
 
 
+def to_torch_at(x, offset):
+    """x on the GPU, starting `offset` elements into its allocation (offset 1: only 2-byte
+    aligned, which leaves the kernel's scalar path)."""
+    t = to_torch(x.reshape(-1))
+    padded = t.new_empty(t.numel() + offset)
+    padded[offset:] = t
+    return padded[offset:].view(x.shape)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", [(1, 1, 20, 5, 128, 4096), (3, 7, 8, 8, 64, 40000), (2, 17, 32, 8, 128, 100),
-                                  (1, 1, 12, 4, 256, 4096), (2, 9, 12, 4, 256, 300)])
-def test_gpu_rope_append_kv_matches_reference_and_cpu(rng, dtype, case):
+                                  (1, 1, 12, 4, 256, 4096), (2, 9, 12, 4, 256, 300),
+                                  (2, 5, 32, 32, 100, 64), (1, 3, 3, 1, 6, 9), (1, 2, 40, 40, 128, 8)])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_gpu_rope_append_kv_matches_reference_and_cpu(rng, dtype, case, offset):
+    """Every vector width of the kernel (8 pairs where D/2 % 8 == 0 and the arrays are 16-byte
+    aligned, 2 where D/2 is even and they are 4-byte aligned, else 1), and blocks of more items
+    than threads (40 + 40 heads)."""
     pytest.importorskip("ml_dtypes")
     B, S, Hq, Hkv, D, C = case
-    q, k, v, k_cache, v_cache = rope_case(rng, dtype, B, S, Hq, Hkv, D, C)
+    q, k, v, qkv, k_cache, v_cache = rope_case(rng, dtype, B, S, Hq, Hkv, D, C)
     positions = [int(x) for x in rng.integers(0, C - S + 1, B)]
     positions[-1] = C - S
-    tq, tk, tv, tkc, tvc = (to_torch(x) for x in (q, k, v, k_cache, v_cache))
-    bitnet_ffi.rope_append_kv(tq, tk, tv, tkc, tvc, positions)
+    tqkv, tq, tkc, tvc = (to_torch_at(x, offset) for x in (qkv, np.full_like(q, np.nan), k_cache,
+                                                           v_cache))
+    assert bitnet_ffi.rope_append_kv(tqkv, tkc, tvc, positions, out=tq) is tq
     q_gpu, kc_gpu, vc_gpu = (to_numpy(t, dtype) for t in (tq, tkc, tvc))
     check_rope(q, q_gpu, k, v, kc_gpu, vc_gpu, positions, 500000.0, dtype)
-    q_cpu = q.copy()
-    bitnet_ffi.rope_append_kv(q_cpu, k, v, k_cache, v_cache, positions)
+    q_cpu = bitnet_ffi.rope_append_kv(qkv, k_cache, v_cache, positions)
     # Same float64 angles, float32 rotation: at most 1 ulp apart (fma contraction may differ).
     np.testing.assert_allclose(q_gpu.astype(np.float64), q_cpu.astype(np.float64),
                                rtol=ROPE_TOL[dtype], atol=ROPE_TOL[dtype])
@@ -166,10 +182,11 @@ def test_gpu_rope_append_kv_matches_reference_and_cpu(rng, dtype, case):
 @pytest.mark.gpu
 def test_gpu_rope_device_positions_out_of_range_are_skipped(rng):
     import torch
-    q, k, v, k_cache, v_cache = (to_torch(x) for x in rope_case(rng, "float16", 3, 2, 4, 2, 64, 10))
+    q, k, v, qkv, k_cache, v_cache = (to_torch(x) for x in
+                                      rope_case(rng, "float16", 3, 2, 4, 2, 64, 10))
     q_before = q.clone()
     positions = torch.tensor([3, 9, -1], dtype=torch.int32, device="cuda")
-    bitnet_ffi.rope_append_kv(q, k, v, k_cache, v_cache, positions)
+    bitnet_ffi.rope_append_kv(qkv, k_cache, v_cache, positions, out=q)
     torch.cuda.synchronize()
     assert torch.equal(q[1:], q_before[1:]) and not torch.equal(q[0], q_before[0])
     assert torch.isnan(k_cache[1:]).all() and torch.isnan(v_cache[1:]).all()

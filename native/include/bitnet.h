@@ -8,8 +8,8 @@
  * - `device` picks the backend: BITNET_DEVICE_CPU (-1) for host memory, N >= 0 for CUDA device N,
  *   whose memory every array pointer must then point into.
  * - An array an op writes may not overlap any other array of the same call (INVALID_ARGUMENT),
- *   except where the op says it works in place: bitnet_rmsnorm's y == x, bitnet_rope_append_kv's
- *   q, bitnet_add_int32's x. A kernel that wrote memory it still reads would be wrong.
+ *   except where the op says it works in place: bitnet_rmsnorm's y == x, bitnet_add_int32's x.
+ *   A kernel that wrote memory it still reads would be wrong.
  * - `stream` is a cudaStream_t (NULL: the legacy default stream); the CPU backend ignores it.
  *   GPU ops are asynchronous with respect to the host, like any kernel launch.
  *
@@ -261,17 +261,19 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
 bitnet_status bitnet_attention_workspace_size(int32_t device, int64_t B, int64_t Sq, int64_t Hq,
                                               int64_t Hkv, int64_t D, int64_t C, int64_t *bytes);
 
-/* RoPE (rotate-half convention) on q in place and on k, fused with appending to the KV cache. For
- * token s of sequence b at position p = positions[b] + s, each head's pairs (x[i], x[i + D/2]),
+/* RoPE (rotate-half convention) on the output of a fused QKV projection, with the KV-cache append.
+ * qkv holds each token's Hq query heads, then Hkv key heads, then Hkv value heads. For token s of
+ * sequence b at position p = positions[b] + s, each q and k head's pairs (x[i], x[i + D/2]),
  * i < D/2, rotate by the angle p * theta^(-2i/D):
  *   x'[i] = x[i] cos - x[i + D/2] sin,   x'[i + D/2] = x[i + D/2] cos + x[i] sin
- * Then k_cache[b, p, :, :] = rotated k[b, s] and v_cache[b, p, :, :] = v[b, s]. Angles in float32
- * on the GPU (float64 on the CPU). positions: int32 [B] in the op's memory, p + S <= C (checked
- * on the CPU; on a GPU a sequence out of range is skipped, its q and cache left as they were). */
+ * Then q[b, s] = rotated q heads, k_cache[b, p, :, :] = rotated k heads and v_cache[b, p, :, :] =
+ * the v heads. Angles, cos and sin in float64, the rotation in float32 (both backends).
+ * positions: int32 [B] in the op's memory, p + S <= C (checked on the CPU; on a GPU a sequence out
+ * of range is skipped, its q and cache rows left as they were). */
 bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t S, int64_t Hq,
-                                    int64_t Hkv, int64_t D, void *q /* [B, S, Hq, D] in/out */,
-                                    const void *k /* [B, S, Hkv, D] */,
-                                    const void *v /* [B, S, Hkv, D] */,
+                                    int64_t Hkv, int64_t D,
+                                    const void *qkv /* [B, S, Hq + 2 Hkv, D] */,
+                                    void *q /* [B, S, Hq, D] */,
                                     void *k_cache /* [B, C, Hkv, D] */,
                                     void *v_cache /* [B, C, Hkv, D] */, int64_t C,
                                     const int32_t *positions /* [B] */, float theta, void *stream);

@@ -323,11 +323,11 @@ bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_
                                 int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
                                 void *out, void *workspace, int64_t num_splits, void *stream);
 bitnet_status bn_cpu_rope_append_kv(int32_t dtype, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
-                                    int64_t D, void *q, const void *k, const void *v, void *k_cache,
+                                    int64_t D, const void *qkv, void *q, void *k_cache,
                                     void *v_cache, int64_t C, const int32_t *positions, float theta);
 bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t S,
-                                     int64_t Hq, int64_t Hkv, int64_t D, void *q, const void *k,
-                                     const void *v, void *k_cache, void *v_cache, int64_t C,
+                                     int64_t Hq, int64_t Hkv, int64_t D, const void *qkv, void *q,
+                                     void *k_cache, void *v_cache, int64_t C,
                                      const int32_t *positions, float theta, void *stream);
 bitnet_status bn_cpu_glu_gate(int32_t dtype, int64_t T, int64_t F, int32_t activation,
                               const void *gate_up, void *out);
