@@ -10,6 +10,7 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 GGUF_PRE_TOKENIZERS = ("llama-bpe", "llama3", "gpt2", "default")
 EOT = "<|eot_id|>"
+SPIECE_SPACE = "\u2581"
 BOS = "<|begin_of_text|>"
 
 
@@ -57,27 +58,20 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, metadata, source="GGUF"):
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
+        """The tokenizer a GGUF file embeds: llama.cpp's byte-level BPE ('gpt2') or its
+        sentencepiece BPE ('llama')."""
+        from tokenizers import AddedToken
         kind = metadata.get("tokenizer.ggml.model")
         pre = metadata.get("tokenizer.ggml.pre", "default")
-        if kind != "gpt2" or pre not in GGUF_PRE_TOKENIZERS:
+        if not (kind == "llama" or kind == "gpt2" and pre in GGUF_PRE_TOKENIZERS):
             raise UnsupportedError(f"{source}: tokenizer {kind!r} with pre-tokenizer {pre!r} is "
-                                   f"not supported (byte-level BPE, 'gpt2', with "
-                                   f"{', '.join(GGUF_PRE_TOKENIZERS)})")
+                                   f"not supported (sentencepiece BPE, 'llama'; byte-level BPE, "
+                                   f"'gpt2', with {', '.join(GGUF_PRE_TOKENIZERS)})")
         tokens = metadata.get("tokenizer.ggml.tokens")
-        merges = metadata.get("tokenizer.ggml.merges")
-        if not tokens or merges is None:
-            raise CorruptFileError(f"{source}: tokenizer.ggml.tokens or .merges is missing")
-        bpe = models.BPE({t: i for i, t in enumerate(tokens)},
-                         [tuple(m.split(" ", 1)) for m in merges])
-        tokenizer = HFTokenizer(bpe)
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                              use_regex=pre in ("gpt2", "default"))
-        tokenizer.pre_tokenizer = byte_level if pre in ("gpt2", "default") else \
-            pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"),
-                                     byte_level])
-        tokenizer.decoder = decoders.ByteLevel()
+        if not tokens:
+            raise CorruptFileError(f"{source}: tokenizer.ggml.tokens is missing")
+        tokenizer = _sentencepiece_bpe(metadata, tokens, source) if kind == "llama" else \
+            _byte_level_bpe(metadata, tokens, pre, source)
         types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                       for t, kind in zip(tokens, types) if kind in (3, 4)])
@@ -119,6 +113,54 @@ class Tokenizer:
     def chat(self, messages, add_generation_prompt=True):
         """Token ids of chat_text (special tokens in it are read as such)."""
         return self.encode(self.chat_text(messages, add_generation_prompt), bos=False)
+
+
+def _byte_level_bpe(metadata, tokens, pre, source):
+    """llama.cpp's 'gpt2' tokenizer: byte-level BPE with the file's merges, after Llama 3's split
+    ('llama-bpe') or GPT-2's."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    merges = metadata.get("tokenizer.ggml.merges")
+    if merges is None:
+        raise CorruptFileError(f"{source}: tokenizer.ggml.merges is missing")
+    tokenizer = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)},
+                                       [tuple(m.split(" ", 1)) for m in merges]))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                          use_regex=pre in ("gpt2", "default"))
+    tokenizer.pre_tokenizer = byte_level if pre in ("gpt2", "default") else \
+        pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"),
+                                 byte_level])
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _sentencepiece_bpe(metadata, tokens, source):
+    """llama.cpp's 'llama' tokenizer (sentencepiece BPE): spaces become U+2581, one is prefixed to
+    every text between special tokens (unless tokenizer.ggml.add_space_prefix is false), then the
+    adjacent pair whose concatenation is the token of highest score merges, leftmost first, until
+    none does; a piece outside the vocabulary becomes its UTF-8 bytes' <0xXX> tokens. As a
+    `tokenizers` BPE: every split of every token into two tokens is a merge, ranked by the whole
+    token's score. Decoding turns U+2581 back into spaces and keeps the prefixed one."""
+    from tokenizers import decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+    scores = metadata.get("tokenizer.ggml.scores")
+    if scores is None or len(scores) != len(tokens):
+        raise CorruptFileError(f"{source}: tokenizer.ggml.scores is missing or does not match "
+                               f"the {len(tokens)} tokens")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked = sorted((-scores[i], i, k) for i, t in enumerate(tokens) for k in range(1, len(t))
+                    if t[:k] in vocab and t[k:] in vocab)
+    merges = [(tokens[i][:k], tokens[i][k:]) for _, i, k in ranked]
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    tokenizer = HFTokenizer(models.BPE(vocab, merges, unk_token=None if unk is None else tokens[unk],
+                                       fuse_unk=True, byte_fallback=True))
+    steps = [normalizers.Replace(" ", SPIECE_SPACE)]
+    if metadata.get("tokenizer.ggml.add_space_prefix", True):
+        steps.insert(0, normalizers.Prepend(" "))
+    tokenizer.normalizer = normalizers.Sequence(steps)
+    tokenizer.decoder = decoders.Sequence([decoders.Replace(SPIECE_SPACE, " "),
+                                           decoders.ByteFallback(), decoders.Fuse()])
+    return tokenizer
 
 
 class TextStream:

@@ -705,3 +705,35 @@ def status_and_message(status):
 def c_quantize_i2s(w, M, K, segments, n_segments, packed, scales, dtype=0, device=-1):
     return status_and_message(_ffi.lib().bitnet_quantize_i2s(
         device, w, dtype, M, K, segments, n_segments, packed, scales, _ffi.ffi.NULL))
+
+
+def reference_sentencepiece_encode(text, metadata):
+    """llama.cpp's 'llama' (sentencepiece BPE) tokenization, written from its algorithm: the text
+    splits at control and user-defined tokens (leftmost, then longest); each other fragment gets a
+    space prefixed, spaces become U+2581, and, starting from its characters, the adjacent pair
+    whose concatenation is the token of highest score merges (the leftmost of equals) until no
+    pair is a token; a remaining piece that is no token becomes its UTF-8 bytes' <0xXX> tokens."""
+    tokens, scores = metadata["tokenizer.ggml.tokens"], metadata["tokenizer.ggml.scores"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    specials = [t for t, kind in zip(tokens, metadata["tokenizer.ggml.token_type"]) if kind in (3, 4)]
+    ids, rest = [], text
+    while rest:
+        found = [(rest.find(s), -len(s), s) for s in specials if s in rest]
+        at, _, special = min(found) if found else (len(rest), 0, None)
+        if at:
+            symbols = list(("\u2581" + rest[:at]).replace(" ", "\u2581"))
+            while True:
+                pairs = [(scores[vocab[a + b]], -j) for j, (a, b) in
+                         enumerate(zip(symbols, symbols[1:])) if a + b in vocab]
+                if not pairs:
+                    break
+                j = -max(pairs)[1]
+                symbols[j:j + 2] = [symbols[j] + symbols[j + 1]]
+            for piece in symbols:
+                ids += [vocab[piece]] if piece in vocab else \
+                    [vocab[f"<0x{b:02X}>"] for b in piece.encode()]
+        if special is None:
+            break
+        ids.append(vocab[special])
+        rest = rest[at + len(special):]
+    return ids

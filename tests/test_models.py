@@ -30,7 +30,8 @@ from bitnet_ffi.config import Config
 from bitnet_ffi.errors import CorruptFileError, InvalidArgumentError, UnsupportedError
 from bitnet_ffi.generate import Model
 from bitnet_ffi.loader import hf_packed_to_ternary, i2s_to_ternary
-from bitnet_ffi.tokenizer import Tokenizer
+from bitnet_ffi.tokenizer import TextStream, Tokenizer
+from reference import reference_sentencepiece_encode
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
 LOGIT_BOUND, MARGIN, STEPS = 1.0, 0.2, 32
@@ -128,10 +129,10 @@ def test_formats_hold_the_same_weights(name):
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
-@pytest.mark.cpu
-def test_gguf_float_codes_with_a_scale_tensor_hold_the_same_weights(tmp_path):
-    """bitnet.cpp's unquantized export: F16 codes and a separate `.scale` tensor. Written here
-    from bitnet-packed's tensors with the fixture writer; loads to the same weights."""
+def write_bitnet_packed_gguf(path, kind, tokenizer=None):
+    """bitnet-packed's tensors as a bitnet-25 GGUF of `kind` (a ternary type or "F16", bitnet.cpp's
+    unquantized export: the codes and a `.scale` tensor), written with the fixture writer; its
+    tokenizer.json's tokenizer unless `tokenizer` (GGUF metadata) is given."""
     import sys
     from tokenizers import Tokenizer as HFTokenizer
     from bitnet_ffi.safetensors_file import SafetensorsCheckpoint
@@ -149,14 +150,38 @@ def test_gguf_float_codes_with_a_scale_tensor_hold_the_same_weights(tmp_path):
             weights[n] = np.asarray(st.tensor(n), np.float32)
     config = json.load(open(os.path.join(fixture("bitnet-packed"), "config.json")))
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
-    path = str(tmp_path / "f16.gguf")
-    write_gguf(path, "bitnet-25", config, weights, ternaries, "F16",
+    write_gguf(path, "bitnet-25", config, weights, ternaries, kind, tokenizer or
                HFTokenizer.from_file(os.path.join(fixture("bitnet-packed"), "tokenizer.json")))
+
+
+@pytest.mark.cpu
+def test_gguf_float_codes_with_a_scale_tensor_hold_the_same_weights(tmp_path):
+    """bitnet.cpp's unquantized export: F16 codes and a separate `.scale` tensor; loads to the
+    same weights."""
+    path = str(tmp_path / "f16.gguf")
+    write_bitnet_packed_gguf(path, "F16")
     a, b = load(fixture("bitnet-packed")), load(path)
     for la, lb in zip(a.weights.layers, b.weights.layers):
         for part in ("qkv", "o", "gate_up", "down"):
             np.testing.assert_array_equal(getattr(la, part).packed, getattr(lb, part).packed)
             np.testing.assert_array_equal(getattr(la, part).scales, getattr(lb, part).scales)
+
+
+@pytest.mark.cpu
+def test_gguf_with_a_sentencepiece_tokenizer_generates(tmp_path):
+    """A GGUF model whose embedded tokenizer is sentencepiece BPE: the prompt is tokenized as
+    llama.cpp does, and the model continues it as the same weights do from those ids."""
+    path = str(tmp_path / "spm.gguf")
+    metadata = sentencepiece_vocab()
+    write_bitnet_packed_gguf(path, "I2_S", metadata)
+    model = Model.load(path, device="cpu", progress=False)
+    prompt = "The quick brown fox"
+    ids = [1] + reference_sentencepiece_encode(prompt, metadata)
+    assert model.encode(prompt) == ids
+    result = model.generate(prompt, max_tokens=8, stop=False)[0]
+    same = Model.load(fixture("bitnet-packed"), device="cpu", progress=False)
+    assert result.ids == same.generate(ids, max_tokens=8, stop=False)[0].ids
+    assert result.text == model.tokenizer.decode(result.ids)
 
 
 @pytest.mark.cpu
@@ -408,6 +433,39 @@ def test_gguf_tokenizer_matches_tokenizer_json():
     eot = from_json.tokenizer.token_to_id("<|eot_id|>")
     assert eot in from_json.stop_ids and eot in from_gguf.stop_ids
     assert from_json.bos_id == from_gguf.bos_id == from_json.tokenizer.token_to_id("<|begin_of_text|>")
+
+
+SENTENCEPIECE_TEXTS = TEXTS + ["chuck wood", "naïve café 🙂 中文", "</s>after<s> x  y", "<s>", "",
+                              "a" * 40, "\t tab"]
+
+
+def sentencepiece_vocab():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
+    from make_fixtures import sentencepiece_vocab
+    return sentencepiece_vocab()
+
+
+@pytest.mark.cpu
+def test_gguf_sentencepiece_tokenizer_matches_llama_cpp_algorithm():
+    """A 'llama' GGUF tokenizer (Llama 2's layout: byte tokens, scores) against the reference of
+    llama.cpp's merge loop; decoding gives the text back with the prefixed space."""
+    metadata = sentencepiece_vocab()
+    tok = Tokenizer.from_gguf(metadata, "sentencepiece")
+    for text in SENTENCEPIECE_TEXTS:
+        ids = tok.encode(text, bos=False)
+        assert ids == reference_sentencepiece_encode(text, metadata), text
+        if "<s>" not in text and text:
+            assert tok.decode(ids) == " " + text
+    assert tok.encode("hi")[0] == tok.bos_id == 1 and tok.stop_ids == {2}
+    stream = TextStream(tok)  # a character split over byte tokens waits for its last byte
+    pieces = [stream.push(i) for i in tok.encode("🙂 ok", bos=False)] + [stream.flush()]
+    assert "".join(pieces) == " 🙂 ok" and "🙂" in pieces and not any("\ufffd" in p for p in pieces)
+    metadata["tokenizer.ggml.add_space_prefix"] = False
+    assert tok.decode(Tokenizer.from_gguf(metadata).encode("fox", bos=False)) == "fox"
+    del metadata["tokenizer.ggml.scores"][5:]
+    with pytest.raises(CorruptFileError, match="tokenizer.ggml.scores"):
+        Tokenizer.from_gguf(metadata)
 
 
 @pytest.mark.cpu

@@ -62,6 +62,30 @@ def train_tokenizer(vocab_size=480):
     return tok
 
 
+def sentencepiece_vocab(vocab_size=480):
+    """The GGUF metadata of a llama.cpp 'llama' (sentencepiece BPE) tokenizer of vocab_size tokens,
+    trained on CORPUS as Llama 2's is laid out: <unk>, <s>, </s> (control), the 256 <0xXX> byte
+    tokens, the pieces (merged ones scored minus their merge rank, single characters below them),
+    then unused tokens up to vocab_size."""
+    from tokenizers import SentencePieceBPETokenizer
+    specials = ["<unk>", "<s>", "</s>"]
+    trained = SentencePieceBPETokenizer()
+    trained.train_from_iterator([CORPUS] * 4, vocab_size=vocab_size - len(specials) - 256,
+                                show_progress=False)
+    model = json.loads(trained.to_str())["model"]
+    merged = ["".join(m if isinstance(m, list) else m.split(" ")) for m in model["merges"]]
+    chars = sorted(t for t in model["vocab"] if len(t) == 1)
+    pieces = merged + chars
+    scores = [-float(i) for i in range(len(pieces))]
+    unused = [f"<unused{i}>" for i in range(vocab_size - len(specials) - 256 - len(pieces))]
+    return {"tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.tokens": specials + [f"<0x{b:02X}>" for b in range(256)] + pieces + unused,
+            "tokenizer.ggml.scores": [0.0] * (len(specials) + 256) + scores + [0.0] * len(unused),
+            "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * len(pieces) + [5] * len(unused),
+            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2}
+
+
 def exact_values(rng, shape, spread, center=0.0):
     """Multiples of 1/64 under 4 in magnitude: exact in bfloat16 and float16."""
     return np.clip(np.round((center + spread * rng.standard_normal(shape)) * 64) / 64, -3.96, 3.96)
@@ -264,6 +288,17 @@ def write_gguf(path, arch, c, weights, ternaries, kind, tokenizer):
 
 
 def add_gguf_tokenizer(w, tokenizer):
+    """A `tokenizers` byte-level BPE as llama.cpp's 'gpt2' tokenizer, or the GGUF metadata of a
+    sentencepiece one (a dict, from sentencepiece_vocab) as it is."""
+    if isinstance(tokenizer, dict):
+        w.add_tokenizer_model(tokenizer["tokenizer.ggml.model"])
+        w.add_token_list(tokenizer["tokenizer.ggml.tokens"])
+        w.add_token_scores(tokenizer["tokenizer.ggml.scores"])
+        w.add_token_types(tokenizer["tokenizer.ggml.token_type"])
+        w.add_unk_token_id(tokenizer["tokenizer.ggml.unknown_token_id"])
+        w.add_bos_token_id(tokenizer["tokenizer.ggml.bos_token_id"])
+        w.add_eos_token_id(tokenizer["tokenizer.ggml.eos_token_id"])
+        return
     data = json.loads(tokenizer.to_str())
     vocab = data["model"]["vocab"]
     tokens = [None] * len(vocab)
