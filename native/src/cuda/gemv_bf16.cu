@@ -1,8 +1,9 @@
 /* Dense bfloat16 GEMV, the output head: y[n, m] = sum_k x[n, k] * w[m, k], float32 accumulation.
  * One token (or float32 x): one warp per weight row; each lane streams 16-byte chunks (8 weights)
  * of its row, UNROLL chunks in flight, and multiplies each chunk with the same chunk of every token
- * of the tile (x is small and stays in L1/L2). 2..8 bfloat16 tokens: tensor cores, a warp per 16
- * rows (gemv_bf16_mma_kernel). Up to TILE_TOKENS tokens per launch; more loop over tiles.
+ * of the tile (x is small and stays in L1/L2). 2 or more bfloat16 tokens: tensor cores, a warp per
+ * 16 rows and up to 64 tokens (gemv_bf16_mma_kernel). More tokens loop over tiles of TILE_TOKENS
+ * (MMA_TILE_TOKENS on tensor cores).
  * Launched with programmatic dependent launch.
  * Bytes: M*K*2 of weights, read once per tile, dominate; batch 1 at 128256 x 2560 reads them at
  * about 3.1 TB/s on the H100 (0.211 ms). */
@@ -16,7 +17,8 @@ namespace {
 
 constexpr int WARPS_PER_BLOCK = 8;
 constexpr int UNROLL = 4;
-constexpr int TILE_TOKENS = 8;
+constexpr int TILE_TOKENS = 8;      /* tokens per launch of gemv_bf16_kernel */
+constexpr int MMA_TILE_TOKENS = 64; /* tokens per launch of gemv_bf16_mma_kernel */
 
 __device__ inline void bf16x8_to_float(uint4 v, float out[8]) {
     const __nv_bfloat162 *pairs = reinterpret_cast<const __nv_bfloat162 *>(&v);
@@ -88,11 +90,13 @@ gemv_bf16_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int 
     }
 }
 
-/* 2..8 bfloat16 tokens on tensor cores (sm_80+, K % 32 == 0): a warp owns 16 rows. Lane (g, t) =
- * (lane / 4, lane % 4) loads 16 bytes of rows g and g+8 at k = 32c + 8t, and the same 8 k of token
- * g's x; they feed two mma steps, lane t's 8 k standing for the mma's k 2t, 2t+1, 2t+8, 2t+9 of each
- * step. That k order is one permutation applied to both operands, so the dot products are the
- * same. The output fragment holds rows g, g+8 of tokens 2t, 2t+1. */
+/* 2..64 bfloat16 tokens on tensor cores (sm_80+, K % 32 == 0): a warp owns 16 rows and NT tiles of
+ * 8 tokens. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g+8 at k = 32c + 8t,
+ * and the same 8 k of token g of every tile; they feed two mma steps per tile, lane t's 8 k standing
+ * for the mma's k 2t, 2t+1, 2t+8, 2t+9 of each step. That k order is one permutation applied to
+ * both operands, so the dot products are the same. The output fragment of tile j holds rows g,
+ * g+8 of its tokens 2t, 2t+1. The weights are read once for all 8 * NT tokens. */
+template <int NT>
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
 gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bfloat16 *x,
                      int tokens, void *y, bool y_is_bf16) {
@@ -105,9 +109,12 @@ gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bf
     const int64_t rows[2] = {row0 + g < M ? row0 + g : M - 1, row0 + g + 8 < M ? row0 + g + 8 : M - 1};
     const uint4 *w_lo = reinterpret_cast<const uint4 *>(w + rows[0] * K) + t;
     const uint4 *w_hi = reinterpret_cast<const uint4 *>(w + rows[1] * K) + t;
-    const uint4 *x_g = reinterpret_cast<const uint4 *>(x + (g < tokens ? g : 0) * K) + t;
+    const uint4 *x_g[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        x_g[j] = g + 8 * j < tokens ? reinterpret_cast<const uint4 *>(x + (g + 8 * j) * K) + t : nullptr;
     const int64_t chunks = K / 32;
-    float d[4] = {};
+    float d[NT][4] = {};
     for (int64_t c0 = 0; c0 < chunks; c0 += UNROLL) {
         uint4 lo[UNROLL], hi[UNROLL];
 #pragma unroll
@@ -120,20 +127,26 @@ gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bf
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             if (c0 + u >= chunks) break;
-            uint4 b = g < tokens ? __ldg(x_g + 4 * (c0 + u)) : make_uint4(0, 0, 0, 0);
-            mma<__nv_bfloat16>(d, {lo[u].x, hi[u].x, lo[u].y, hi[u].y}, b.x, b.y);
-            mma<__nv_bfloat16>(d, {lo[u].z, hi[u].z, lo[u].w, hi[u].w}, b.z, b.w);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint4 b = x_g[j] ? __ldg(x_g[j] + 4 * (c0 + u)) : make_uint4(0, 0, 0, 0);
+                mma<__nv_bfloat16>(d[j], {lo[u].x, hi[u].x, lo[u].y, hi[u].y}, b.x, b.y);
+                mma<__nv_bfloat16>(d[j], {lo[u].z, hi[u].z, lo[u].w, hi[u].w}, b.z, b.w);
+            }
         }
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int64_t row = row0 + g + 8 * (i / 2);
-        const int token = 2 * t + i % 2;
-        if (row >= M || token >= tokens) continue;
-        if (y_is_bf16)
-            static_cast<__nv_bfloat16 *>(y)[token * M + row] = __float2bfloat16(d[i]);
-        else
-            static_cast<float *>(y)[token * M + row] = d[i];
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t row = row0 + g + 8 * (i / 2);
+            const int token = 8 * j + 2 * t + i % 2;
+            if (row >= M || token >= tokens) continue;
+            if (y_is_bf16)
+                static_cast<__nv_bfloat16 *>(y)[token * M + row] = __float2bfloat16(d[j][i]);
+            else
+                static_cast<float *>(y)[token * M + row] = d[j][i];
+        }
     }
 }
 
@@ -145,14 +158,19 @@ bitnet_status launch_tiles(const __nv_bfloat16 *w, int64_t M, int64_t K, const X
     int major = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
     const bool tensor_cores = std::is_same<XT, __nv_bfloat16>::value && K % 32 == 0 && major >= 8;
-    for (int64_t n0 = 0; n0 < N; n0 += TILE_TOKENS) {
-        const int tokens = (int)(N - n0 < TILE_TOKENS ? N - n0 : TILE_TOKENS);
+    const int tile = tensor_cores ? MMA_TILE_TOKENS : TILE_TOKENS;
+    for (int64_t n0 = 0; n0 < N; n0 += tile) {
+        const int tokens = (int)(N - n0 < tile ? N - n0 : tile);
         void (*kernel)(const __nv_bfloat16 *, int64_t, int64_t, const XT *, int, void *, bool) =
             tokens == 1 ? gemv_bf16_kernel<1, XT> : tokens == 2 ? gemv_bf16_kernel<2, XT>
             : tokens <= 4 ? gemv_bf16_kernel<4, XT> : gemv_bf16_kernel<8, XT>;
         int64_t rows_per_block = WARPS_PER_BLOCK;
         if constexpr (std::is_same<XT, __nv_bfloat16>::value) {
-            if (tokens > 1 && tensor_cores) kernel = gemv_bf16_mma_kernel, rows_per_block *= 16;
+            if (tokens > 1 && tensor_cores) {
+                kernel = tokens <= 8 ? gemv_bf16_mma_kernel<1> : tokens <= 16 ? gemv_bf16_mma_kernel<2>
+                         : tokens <= 32 ? gemv_bf16_mma_kernel<4> : gemv_bf16_mma_kernel<8>;
+                rows_per_block *= 16;
+            }
         }
         BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(bn_ceil_div(M, rows_per_block)),
                                   dim3(WARPS_PER_BLOCK * 32), 0, stream, w, M, K, x + n0 * K, tokens,
