@@ -2,7 +2,7 @@
  * One token (or float32 x): one warp per weight row; each lane streams 16-byte chunks (8 weights)
  * of its row, UNROLL chunks in flight, and multiplies each chunk with the same chunk of every token
  * of the tile (x is small and stays in L1/L2). 2 or more bfloat16 tokens: tensor cores, a warp per
- * 16 rows and up to 64 tokens (gemv_bf16_mma_kernel). More tokens loop over tiles of TILE_TOKENS
+ * 16 rows and up to 64 tokens, x staged in shared memory (gemv_bf16_mma_kernel). More tokens loop over tiles of TILE_TOKENS
  * (MMA_TILE_TOKENS on tensor cores).
  * Launched with programmatic dependent launch.
  * Bytes: M*K*2 of weights, read once per tile, dominate; batch 1 at 128256 x 2560 reads them at
@@ -91,45 +91,59 @@ gemv_bf16_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int 
 }
 
 /* 2..64 bfloat16 tokens on tensor cores (sm_80+, K % 32 == 0): a warp owns 16 rows and NT tiles of
- * 8 tokens. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g+8 at k = 32c + 8t,
- * and the same 8 k of token g of every tile; they feed two mma steps per tile, lane t's 8 k standing
- * for the mma's k 2t, 2t+1, 2t+8, 2t+9 of each step. That k order is one permutation applied to
- * both operands, so the dot products are the same. The output fragment of tile j holds rows g,
- * g+8 of its tokens 2t, 2t+1. The weights are read once for all 8 * NT tokens. */
+ * 8 tokens; its block's 8 warps share x, staged in shared memory STAGE_CHUNKS chunks of 32 k at a
+ * time. Lane (g, t) = (lane / 4, lane % 4) loads 16 bytes of rows g and g+8 at k = 32c + 8t, and
+ * reads the same 8 k of token g of every tile; they feed two mma steps per tile, lane t's 8 k
+ * standing for the mma's k 2t, 2t+1, 2t+8, 2t+9 of each step. That k order is one permutation
+ * applied to both operands, so the dot products are the same. The output fragment of tile j holds
+ * rows g, g+8 of its tokens 2t, 2t+1. The weights are read once for all 8 * NT tokens. */
+constexpr int STAGE_CHUNKS = 8;
+/* bfloat16 per token row of the stage: 32 more than the stage holds put tokens g and g+1 half a
+ * 128-byte line apart, so each quarter warp's 16-byte reads fall on distinct banks */
+constexpr int STAGE_PITCH = 32 * STAGE_CHUNKS + 32;
+
 template <int NT>
-__global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
+__global__ void __launch_bounds__(WARPS_PER_BLOCK * 32, 2)
 gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bfloat16 *x,
                      int tokens, void *y, bool y_is_bf16) {
+    constexpr int kThreads = WARPS_PER_BLOCK * 32, kPieces = STAGE_CHUNKS * 4; /* 16 bytes each */
+    __shared__ __align__(16) __nv_bfloat16 stage[8 * NT][STAGE_PITCH];
     bn_pdl_wait();
     bn_pdl_launch_dependents();
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int64_t row0 = ((int64_t)blockIdx.x * WARPS_PER_BLOCK + threadIdx.x / 32) * 16;
-    if (row0 >= M) return;
-    /* Rows past M load row M - 1 and are never stored. */
+    /* Rows past M load row M - 1 and are never stored; their warps still take part in staging. */
     const int64_t rows[2] = {row0 + g < M ? row0 + g : M - 1, row0 + g + 8 < M ? row0 + g + 8 : M - 1};
     const uint4 *w_lo = reinterpret_cast<const uint4 *>(w + rows[0] * K) + t;
     const uint4 *w_hi = reinterpret_cast<const uint4 *>(w + rows[1] * K) + t;
-    const uint4 *x_g[NT];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-        x_g[j] = g + 8 * j < tokens ? reinterpret_cast<const uint4 *>(x + (g + 8 * j) * K) + t : nullptr;
     const int64_t chunks = K / 32;
     float d[NT][4] = {};
-    for (int64_t c0 = 0; c0 < chunks; c0 += UNROLL) {
-        uint4 lo[UNROLL], hi[UNROLL];
+    for (int64_t c0 = 0; c0 < chunks; c0 += STAGE_CHUNKS) {
+        const int n = (int)(chunks - c0 < STAGE_CHUNKS ? chunks - c0 : STAGE_CHUNKS);
+        uint4 lo[STAGE_CHUNKS], hi[STAGE_CHUNKS];
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            if (c0 + u < chunks) {
+        for (int u = 0; u < STAGE_CHUNKS; u++) {
+            if (u < n) {
                 lo[u] = __ldcs(w_lo + 4 * (c0 + u));
                 hi[u] = __ldcs(w_hi + 4 * (c0 + u));
             }
         }
+        __syncthreads(); /* the previous round's reads of the stage are done */
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            if (c0 + u >= chunks) break;
+        for (int i = threadIdx.x; i < 8 * NT * kPieces; i += kThreads) {
+            const int token = i / kPieces, piece = i % kPieces;
+            const uint4 v = token < tokens && piece < 4 * n
+                ? __ldg(reinterpret_cast<const uint4 *>(x + token * K + 32 * c0) + piece)
+                : make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(&stage[token][8 * piece]) = v;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < STAGE_CHUNKS; u++) {
+            if (u >= n) break;
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                uint4 b = x_g[j] ? __ldg(x_g[j] + 4 * (c0 + u)) : make_uint4(0, 0, 0, 0);
+                const uint4 b = *reinterpret_cast<const uint4 *>(&stage[g + 8 * j][32 * u + 8 * t]);
                 mma<__nv_bfloat16>(d[j], {lo[u].x, hi[u].x, lo[u].y, hi[u].y}, b.x, b.y);
                 mma<__nv_bfloat16>(d[j], {lo[u].z, hi[u].z, lo[u].w, hi[u].w}, b.z, b.w);
             }
