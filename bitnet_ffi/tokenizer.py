@@ -152,6 +152,9 @@ def _sentencepiece_bpe(metadata, tokens, source):
                     if t[:k] in vocab and t[k:] in vocab)
     merges = [(tokens[i][:k], tokens[i][k:]) for _, i, k in ranked]
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    if unk is not None and not 0 <= unk < len(tokens):
+        raise CorruptFileError(f"{source}: tokenizer.ggml.unknown_token_id = {unk} is not one of "
+                               f"the {len(tokens)} tokens")
     tokenizer = HFTokenizer(models.BPE(vocab, merges, unk_token=None if unk is None else tokens[unk],
                                        fuse_unk=True, byte_fallback=True))
     steps = [normalizers.Replace(" ", SPIECE_SPACE)]

@@ -463,6 +463,8 @@ def test_gguf_sentencepiece_tokenizer_matches_llama_cpp_algorithm():
     assert "".join(pieces) == " 🙂 ok" and "🙂" in pieces and not any("\ufffd" in p for p in pieces)
     metadata["tokenizer.ggml.add_space_prefix"] = False
     assert tok.decode(Tokenizer.from_gguf(metadata).encode("fox", bos=False)) == "fox"
+    with pytest.raises(CorruptFileError, match="unknown_token_id = 480 is not one of the 480"):
+        Tokenizer.from_gguf({**metadata, "tokenizer.ggml.unknown_token_id": 480})
     del metadata["tokenizer.ggml.scores"][5:]
     with pytest.raises(CorruptFileError, match="tokenizer.ggml.scores"):
         Tokenizer.from_gguf(metadata)
