@@ -1,0 +1,31 @@
+"""gemv_bf16 alone at the 2B4T head (128256 x 2560), bfloat16 x, float32 out: µs per call (median
+of 15 replays of a CUDA graph of 10 calls) at 2 to 128 tokens (docs/log/2026-11-27.md#2026-11-27-8).
+
+    BITNET_LIB=path/to/libbitnet.so python tools/dev/head_bench.py
+"""
+import json, sys
+from pathlib import Path
+import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import bitnet_ffi as bn
+w = torch.randn(128256, 2560, device="cuda").to(torch.bfloat16)
+out = {}
+for N in (2, 8, 16, 33, 64, 128):
+    x = torch.randn(N, 2560, device="cuda").to(torch.bfloat16)
+    y = torch.empty(N, 128256, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3): bn.gemv_bf16(w, x, out=y, stream=s)
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(10): bn.gemv_bf16(w, x, out=y, stream=s)
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(s):
+            a.record(s); g.replay(); b.record(s)
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 100)
+    out[N] = round(sorted(times)[7], 1)
+print(json.dumps(out))
