@@ -8,24 +8,12 @@ from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import bitnet_ffi as bn
+from graph_timer import graph_us
 w = torch.randn(128256, 2560, device="cuda").to(torch.bfloat16)
 out = {}
 for N in (2, 8, 16, 33, 64, 128):
     x = torch.randn(N, 2560, device="cuda").to(torch.bfloat16)
     y = torch.empty(N, 128256, device="cuda")
     s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for _ in range(3): bn.gemv_bf16(w, x, out=y, stream=s)
-    s.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(10): bn.gemv_bf16(w, x, out=y, stream=s)
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(s):
-            a.record(s); g.replay(); b.record(s)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 100)
-    out[N] = round(sorted(times)[7], 1)
+    out[N] = round(graph_us(lambda: bn.gemv_bf16(w, x, out=y, stream=s), s, 10), 1)
 print(json.dumps(out))

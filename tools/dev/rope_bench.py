@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import bitnet_ffi as bn
+from graph_timer import graph_us
 fused = "qkv" in inspect.signature(bn.rope_append_kv).parameters
 Hq, Hkv, D = 20, 5, 128
 out = {}
@@ -23,20 +24,7 @@ for B, S in ((1, 1), (8, 1), (1, 960), (1, 4096)):
     s = torch.cuda.Stream()
     call = (lambda: bn.rope_append_kv(qkv, kc, vc, pos, out=q, stream=s)) if fused else \
            (lambda: bn.rope_append_kv(q, k, v, kc, vc, pos, stream=s))
-    with torch.cuda.stream(s):
-        for _ in range(3): call()
-    s.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(50): call()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(s):
-            a.record(s); g.replay(); b.record(s)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / 50)
-    us = sorted(times)[7]
+    us = graph_us(call, s, 50)
     gb = B * S * (Hq * D * 4 + Hkv * D * 8) / us / 1e3
     out[f"B{B}_S{S}"] = (round(us, 2), round(gb))
 print(json.dumps({"fused": fused, "us_GBps": out}))
