@@ -48,11 +48,7 @@ class Model:
         start = time.perf_counter()
         device = resolve(device)
         source = open_source(path)
-        if os.path.isdir(path):
-            tokenizer = Tokenizer.from_directory(path, source.config)
-        else:
-            tokenizer = Tokenizer.from_gguf(source.file.metadata, str(path))
-        model = cls(source.config, source.load(device, progress), tokenizer, device)
+        model = cls(source.config, source.load(device, progress), _tokenizer(path, source), device)
         model.load_seconds = time.perf_counter() - start
         return model
 
@@ -138,6 +134,13 @@ class Model:
         return results
 
 
+def _tokenizer(path, source):
+    """The tokenizer of a checkpoint opened by loader.open_source."""
+    if os.path.isdir(path):
+        return Tokenizer.from_directory(path, source.config)
+    return Tokenizer.from_gguf(source.file.metadata, str(path))
+
+
 def _round_up(n, multiple):
     return -(-n // multiple) * multiple
 
@@ -156,9 +159,14 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="tensor parallelism over this many GPUs, one process each (greedy "
+                             "--prompt only; models with BitNet's sub-norms)")
 
 
 def main(args):
+    if args.tp != 1:
+        return main_tensor_parallel(args)
     say = (lambda *a, **k: None) if args.json else print
     say(select(args.device).summary(), file=sys.stderr)
     model = Model.load(args.model, args.device, progress=not args.json)
@@ -176,6 +184,43 @@ def main(args):
     else:
         print()
         print(_speed(t), file=sys.stderr)
+    return 0
+
+
+def main_tensor_parallel(args):
+    """--tp N: the prompt's greedy continuation on N GPUs, one process each
+    (tensor_parallel.generate_rank; every rank loads the model on the host and uploads its
+    shard). The text is printed when the ranks are done."""
+    from .launcher import run_ranks
+    from .tensor_parallel import generate_rank
+    if args.tp < 2 or args.chat or args.temperature != 0:
+        raise InvalidArgumentError(f"--tp {args.tp}: tensor parallelism takes 2 or more GPUs and "
+                                   f"runs greedy --prompt generation only (no --chat, no "
+                                   f"--temperature)")
+    if args.max_tokens < 1:
+        raise InvalidArgumentError(f"max_tokens must be at least 1, got {args.max_tokens}")
+    source = open_source(args.model)
+    tokenizer = _tokenizer(args.model, source)
+    prompt = tokenizer.encode(args.prompt)
+    if len(prompt) + args.max_tokens > source.config.max_positions:
+        raise InvalidArgumentError(f"{len(prompt)} prompt tokens + {args.max_tokens} new ones "
+                                   f"exceed the model's {source.config.max_positions} positions")
+    start = time.perf_counter()
+    ids, seconds = run_ranks(generate_rank, args.tp,
+                             args=(args.model, prompt, args.max_tokens, "peer"))[0]
+    total = time.perf_counter() - start
+    stop = next((i for i, t in enumerate(ids) if t in tokenizer.stop_ids), None)
+    ids = ids if stop is None else ids[:stop + 1]
+    text = tokenizer.decode(ids if stop is None else ids[:-1])
+    steps_per_s = (len(prompt) + args.max_tokens) / seconds
+    if args.json:
+        print(json.dumps({"prompt_ids": prompt, "generated_ids": ids, "text": text,
+                          "timings": {"tp": args.tp, "total_s": total, "steps_s": seconds,
+                                      "steps_per_s": steps_per_s}}, indent=2))
+    else:
+        print(text)
+        print(f"tp = {args.tp}: {steps_per_s:.1f} steps/s (prompt and new tokens, one token per "
+              f"step); {total:.1f} s with loading", file=sys.stderr)
     return 0
 
 

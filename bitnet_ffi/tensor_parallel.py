@@ -21,10 +21,11 @@ for the head; on one rank none, and the step is the unsplit model's (model.Sessi
 order).
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
 1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``: 5 KV heads over 2 ranks
-are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host), ``random_shard``
+are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads a checkpoint for it), ``random_shard``
 makes a rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take
 far too long to quantize from floats)."""
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,8 +152,46 @@ def shard_weights(weights, rank, world, device):
             down=cols(layer.down, f0, inter),
             attn_norm=put(layer.attn_norm), attn_sub_norm=put(layer.attn_sub_norm[q0:q0 + q]),
             ffn_norm=put(layer.ffn_norm), ffn_sub_norm=put(layer.ffn_sub_norm[f0:f0 + inter])))
-    table = put(weights.embedding)
-    return Shard(c, sp, rank, layers, put(weights.final_norm), table, table[v0:v0 + vocab])
+    table = put(weights.embedding)  # a tied head is a view of the table's rows
+    head = table[v0:v0 + vocab] if weights.head is None else put(weights.head[v0:v0 + vocab])
+    return Shard(c, sp, rank, layers, put(weights.final_norm), table, head)
+
+
+def load_shard(path, rank, world, device):
+    """Rank `rank`'s shard of the checkpoint at `path` (a model directory or a .gguf file): the
+    loader reads the whole model into host memory, then shard_weights uploads this rank's slices.
+    Models without BitNet's sub-norms (the Llama layout) are refused: the row-parallel layers
+    divide by the sub-norm's RMS after the all-reduce."""
+    from .loader import open_source
+    weights = open_source(path).load(CPU, progress=False)
+    if weights.layers[0].attn_sub_norm is None or weights.layers[0].ffn_sub_norm is None:
+        raise UnsupportedError(f"{path}: tensor parallelism needs BitNet's sub-norms before o and "
+                               f"down; this model has none (Llama layout)")
+    return shard_weights(weights, rank, world, device)
+
+
+def generate_shard(group, path, prompt, tokens):
+    """One rank's greedy continuation of `prompt` (token ids) by `tokens` tokens, with its shard
+    of the checkpoint at `path`; `group` holds its collectives (comm.Group, or a comm.ThreadGroup
+    on the CPU). Returns the new ids and the seconds the steps took."""
+    session = TPSession(load_shard(path, group.rank, group.world, group.device), group,
+                        len(prompt) + tokens)
+    try:
+        start = time.perf_counter()
+        ids = session.generate(prompt, tokens)
+        return ids, time.perf_counter() - start
+    finally:
+        session.close()
+
+
+def generate_rank(ctx, path, prompt, tokens, method):
+    """launcher.run_ranks' target: generate_shard on the rank's GPU, collectives by `method`."""
+    from . import comm
+    group = comm.Group(ctx, method=method)
+    try:
+        return generate_shard(group, path, prompt, tokens)
+    finally:
+        group.close()
 
 
 # Bytes whose four 2-bit codes are each 0, 1 or 2 (weights -1, 0, 1; docs/weight_format.md).

@@ -2,8 +2,10 @@
 
 Tier 1 (CPU): the peer calls' single-rank CPU backend and checks; the launcher (results, a failing
 rank named on every rank, a timeout); the split model on simulated ranks (threads, host sums)
-against the unsplit one. multi_gpu: the collectives against host sums inside CUDA graphs replayed
+against the unsplit one, random and a real checkpoint's. multi_gpu: the collectives against host sums inside CUDA graphs replayed
 several times, TP = 2 (and 4) logits against TP = 1, and a rank that fails mid-run."""
+import json
+import os
 import time
 
 import numpy as np
@@ -266,6 +268,67 @@ def test_uneven_split_matches_one_rank():
     compare_with_one_rank(two[0][1], one[1])
 
 
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
+
+
+def _checkpoint_run(group, path, steps):
+    """Teacher-forced logits of `steps` (ids) with this rank's shard of the checkpoint."""
+    session = tp.TPSession(tp.load_shard(path, group.rank, group.world, group.device), group, 32)
+    logits = []
+    for t in steps:
+        session.decode(t)
+        logits.append(session.logits())
+    return np.array(logits)
+
+
+@pytest.mark.cpu
+def test_checkpoint_shards_match_one_rank_on_simulated_ranks():
+    """A real checkpoint (the bitnet-packed fixture, 2B4T's layout) loaded by each rank and split
+    over 2 simulated ranks: the ranks agree bit for bit and stay within LOGIT_BOUND of one rank;
+    one rank's greedy tokens are the unsplit model's (Model.generate)."""
+    from bitnet_ffi.generate import Model
+    path = os.path.join(FIXTURES, "bitnet-packed")
+    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
+    one = Model.load(path, device="cpu", progress=False).generate(prompt, max_tokens=6,
+                                                                   stop=False)[0].ids
+    assert comm.run_threads(tp.generate_shard, 1, path, prompt, 6)[0][0] == one
+    steps = prompt + one
+    reference = comm.run_threads(_checkpoint_run, 1, path, steps)[0]
+    two = comm.run_threads(_checkpoint_run, 2, path, steps)
+    np.testing.assert_array_equal(two[0], two[1])
+    compare_with_one_rank(two[0], reference)
+    ids = comm.run_threads(tp.generate_shard, 2, path, prompt, 6)
+    assert ids[0][0] == ids[1][0]
+
+
+@pytest.mark.cpu
+def test_checkpoint_without_sub_norms_is_refused_for_tensor_parallelism():
+    with pytest.raises(UnsupportedError, match="llama-silu: tensor parallelism needs BitNet's sub-norms"):
+        tp.load_shard(os.path.join(FIXTURES, "llama-silu"), 0, 2, CPU)
+
+
+@pytest.mark.cpu
+def test_an_untied_head_is_split_from_its_own_rows():
+    weights = model.random_weights(SPLIT, CPU, seed=5)
+    weights.head = np.ascontiguousarray(weights.embedding[::-1])
+    shard = tp.shard_weights(weights, 1, 2, CPU)
+    v0 = shard.split.start(shard.split.vocab, 1)
+    np.testing.assert_array_equal(np.asarray(shard.head),
+                                  weights.head[v0:v0 + shard.split.vocab[1]])
+    np.testing.assert_array_equal(np.asarray(shard.embedding), weights.embedding)
+
+
+@pytest.mark.cpu
+def test_generate_tp_refuses_what_it_cannot_run(capsys):
+    from bitnet_ffi import cli
+    path = os.path.join(FIXTURES, "bitnet-packed")
+    assert cli.main(["generate", "--model", path, "--prompt", "hi", "--tp", "2",
+                     "--temperature", "0.5"]) == 2
+    assert "runs greedy --prompt generation only" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", path, "--prompt", "hi", "--tp", "0"]) == 2
+    assert "takes 2 or more GPUs" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- multi_gpu
 
 
@@ -398,6 +461,27 @@ def test_tp_logits_match_one_gpu():
         print(f"TP = {world} ({method}) vs 1: relative logit error per step "
               f"{np.array2string(error, precision=3)}, same teacher-forced token {same.tolist()}, "
               f"generated {ranks[0][0]} vs {one[0]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_generate_tp_on_two_gpus_runs_a_checkpoint(capsys):
+    """`generate --tp 2` on the bitnet-packed fixture: every rank loads it and uploads its shard;
+    the ranks' greedy tokens agree (run_ranks' rank 0 is printed), and the first new token is the
+    one-GPU model's (a clear top-2 margin in the fixture)."""
+    from bitnet_ffi import cli
+    from bitnet_ffi.generate import Model
+    if _gpus() < 2:
+        pytest.skip(f"needs 2 GPUs, found {_gpus()}")
+    path = os.path.join(FIXTURES, "bitnet-packed")
+    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
+    ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer"), timeout=120)
+    assert ranks[0][0] == ranks[1][0] and len(ranks[0][0]) == 6
+    one = Model.load(path, device="cuda", progress=False).generate(prompt, max_tokens=1)[0].ids
+    assert ranks[0][0][0] == one[0]
+    assert cli.main(["generate", "--model", path, "--prompt", "The quick brown fox", "--tp", "2",
+                     "--max-tokens", "4", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["generated_ids"]) <= 4
 
 
 def _fail_mid_run(ctx, method):
