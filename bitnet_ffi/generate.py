@@ -189,8 +189,8 @@ def main(args):
 
 def main_tensor_parallel(args):
     """--tp N: the prompt's greedy continuation on N GPUs, one process each
-    (tensor_parallel.generate_rank; every rank loads the model on the host and uploads its
-    shard). The text is printed when the ranks are done."""
+    (tensor_parallel.generate_rank; every rank reads the checkpoint a layer at a time and uploads
+    its shard). The text is printed when the ranks are done."""
     from .launcher import run_ranks
     from .tensor_parallel import generate_rank
     if args.tp < 2 or args.chat or args.temperature != 0:

@@ -160,7 +160,9 @@ class Source:
     ternary_names = norm_names = None
     ignored = ()
 
-    def load(self, device, progress):
+    def load(self, device, progress, each_layer=None):
+        """model.Weights on `device`; each_layer(layer), where given, replaces every layer as soon
+        as it is read (tensor_parallel.load_shard keeps a rank's slices of it)."""
         c = self.config
         H, I, V, kv = c.hidden, c.intermediate, c.vocab, c.kv_dim
         self.used = set()
@@ -177,7 +179,8 @@ class Source:
                            for part, (rows, cols) in parts.items()}
                 norms = {part: self.norm(prefix, part, I if part == "ffn_sub_norm" else H, device)
                          for part in self.norm_names}
-                layers.append(Layer(**ternary, **norms))
+                layer = Layer(**ternary, **norms)
+                layers.append(each_layer(layer) if each_layer else layer)
                 bar.update(1)
             final_norm = self.put(self.dense(self.final_norm, (H,)), device)
             head = None if c.tied_head else self.put(self.dense(self.head, (V, H)), device)

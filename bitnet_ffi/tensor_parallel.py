@@ -120,54 +120,75 @@ def _rows(ranges):
     return np.concatenate([np.arange(a, b) for a, b in ranges])
 
 
+class _Slicer:
+    """Cuts rank `rank`'s pieces out of full host layers and uploads them to `device`."""
+
+    def __init__(self, config, rank, world, device):
+        c, D = config, config.head_dim
+        self.config, self.rank, self.device = c, rank, device
+        self.split = sp = split(c, world)
+        self.q0, self.q = sp.start(sp.heads, rank) * D, sp.heads[rank] * D
+        self.k0, self.kv = sp.start(sp.kv_heads, rank) * D, sp.kv_heads[rank] * D
+        self.f0, self.inter = sp.start(sp.intermediate, rank), sp.intermediate[rank]
+        self.v0, self.vocab = sp.start(sp.vocab, rank), sp.vocab[rank]
+
+    def put(self, host):
+        host = np.ascontiguousarray(host)
+        return host if self.device == CPU else DeviceArray.from_numpy(host, self.device)
+
+    def rows(self, tw, ranges):
+        index = _rows(ranges)
+        return TernaryWeights(self.put(np.asarray(tw.packed)[index]),
+                              self.put(np.asarray(tw.scales)[index]))
+
+    def cols(self, tw, start, width):
+        packed = np.asarray(tw.packed)[:, start // 4:(start + width) // 4]
+        return TernaryWeights(self.put(packed), self.put(np.asarray(tw.scales)))
+
+    def layer(self, layer):
+        """The ShardLayer of one full layer (model.Layer of numpy arrays)."""
+        c, H, I = self.config, self.config.hidden, self.config.intermediate
+        q0, q, k0, kv, f0, inter = self.q0, self.q, self.k0, self.kv, self.f0, self.inter
+        return ShardLayer(
+            qkv=self.rows(layer.qkv, [(q0, q0 + q), (H + k0, H + k0 + kv),
+                                      (H + c.kv_dim + k0, H + c.kv_dim + k0 + kv)]),
+            o=self.cols(layer.o, q0, q),
+            gate_up=self.rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
+            down=self.cols(layer.down, f0, inter),
+            attn_norm=self.put(layer.attn_norm),
+            attn_sub_norm=self.put(layer.attn_sub_norm[q0:q0 + q]),
+            ffn_norm=self.put(layer.ffn_norm),
+            ffn_sub_norm=self.put(layer.ffn_sub_norm[f0:f0 + inter]))
+
+    def shard(self, weights, layers):
+        """The Shard of `weights` (host arrays but for `layers`, already this rank's)."""
+        table = self.put(weights.embedding)  # a tied head is a view of the table's rows
+        rows = slice(self.v0, self.v0 + self.vocab)
+        head = table[rows] if weights.head is None else self.put(weights.head[rows])
+        return Shard(self.config, self.split, self.rank, layers, self.put(weights.final_norm),
+                     table, head)
+
+
 def shard_weights(weights, rank, world, device):
     """Rank `rank`'s shard of full host weights (model.Weights of numpy arrays), on `device`."""
-    c = weights.config
-    sp = split(c, world)
-    H, I, D = c.hidden, c.intermediate, c.head_dim
-    q0, q = sp.start(sp.heads, rank) * D, sp.heads[rank] * D
-    k0, kv = sp.start(sp.kv_heads, rank) * D, sp.kv_heads[rank] * D
-    f0, inter = sp.start(sp.intermediate, rank), sp.intermediate[rank]
-    v0, vocab = sp.start(sp.vocab, rank), sp.vocab[rank]
-
-    def put(host):
-        host = np.ascontiguousarray(host)
-        return host if device == CPU else DeviceArray.from_numpy(host, device)
-
-    def rows(tw, ranges):
-        index = _rows(ranges)
-        return TernaryWeights(put(np.asarray(tw.packed)[index]), put(np.asarray(tw.scales)[index]))
-
-    def cols(tw, start, width):
-        packed = np.asarray(tw.packed)[:, start // 4:(start + width) // 4]
-        return TernaryWeights(put(packed), put(np.asarray(tw.scales)))
-
-    layers = []
-    for layer in weights.layers:
-        layers.append(ShardLayer(
-            qkv=rows(layer.qkv, [(q0, q0 + q), (H + k0, H + k0 + kv),
-                                 (H + c.kv_dim + k0, H + c.kv_dim + k0 + kv)]),
-            o=cols(layer.o, q0, q),
-            gate_up=rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
-            down=cols(layer.down, f0, inter),
-            attn_norm=put(layer.attn_norm), attn_sub_norm=put(layer.attn_sub_norm[q0:q0 + q]),
-            ffn_norm=put(layer.ffn_norm), ffn_sub_norm=put(layer.ffn_sub_norm[f0:f0 + inter])))
-    table = put(weights.embedding)  # a tied head is a view of the table's rows
-    head = table[v0:v0 + vocab] if weights.head is None else put(weights.head[v0:v0 + vocab])
-    return Shard(c, sp, rank, layers, put(weights.final_norm), table, head)
+    slicer = _Slicer(weights.config, rank, world, device)
+    return slicer.shard(weights, [slicer.layer(layer) for layer in weights.layers])
 
 
 def load_shard(path, rank, world, device):
-    """Rank `rank`'s shard of the checkpoint at `path` (a model directory or a .gguf file): the
-    loader reads the whole model into host memory, then shard_weights uploads this rank's slices.
-    Models without BitNet's sub-norms (the Llama layout) are refused: the row-parallel layers
-    divide by the sub-norm's RMS after the all-reduce."""
+    """Rank `rank`'s shard of the checkpoint at `path` (a model directory or a .gguf file). The
+    loader reads it into host memory a layer at a time, and each layer's slices go to `device`
+    before the next is read: host memory holds the embedding, the head and one layer. Models
+    without BitNet's sub-norms (the Llama layout) are refused: the row-parallel layers divide by
+    the sub-norm's RMS after the all-reduce."""
     from .loader import open_source
-    weights = open_source(path).load(CPU, progress=False)
-    if weights.layers[0].attn_sub_norm is None or weights.layers[0].ffn_sub_norm is None:
+    source = open_source(path)
+    if not source.config.sub_norms:
         raise UnsupportedError(f"{path}: tensor parallelism needs BitNet's sub-norms before o and "
                                f"down; this model has none (Llama layout)")
-    return shard_weights(weights, rank, world, device)
+    slicer = _Slicer(source.config, rank, world, device)
+    weights = source.load(CPU, progress=False, each_layer=slicer.layer)
+    return slicer.shard(weights, weights.layers)
 
 
 def generate_shard(group, path, prompt, tokens):

@@ -302,6 +302,27 @@ def test_checkpoint_shards_match_one_rank_on_simulated_ranks():
 
 
 @pytest.mark.cpu
+def test_load_shard_equals_the_shard_of_the_whole_loaded_model():
+    """load_shard slices each layer as the loader reads it: the same arrays as shard_weights of
+    the whole model."""
+    import dataclasses
+    from bitnet_ffi.loader import open_source
+    path = os.path.join(FIXTURES, "bitnet-packed")
+    whole = open_source(path).load(CPU, progress=False)
+    for rank in (0, 1):
+        a, b = tp.load_shard(path, rank, 2, CPU), tp.shard_weights(whole, rank, 2, CPU)
+        for la, lb in zip(a.layers, b.layers):
+            for f in dataclasses.fields(la):
+                x, y = getattr(la, f.name), getattr(lb, f.name)
+                pairs = [(x.packed, y.packed), (x.scales, y.scales)] if hasattr(x, "packed") \
+                    else [(x, y)]
+                for u, v in pairs:
+                    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+        for name in ("final_norm", "embedding", "head"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)))
+
+
+@pytest.mark.cpu
 def test_checkpoint_without_sub_norms_is_refused_for_tensor_parallelism():
     with pytest.raises(UnsupportedError, match="llama-silu: tensor parallelism needs BitNet's sub-norms"):
         tp.load_shard(os.path.join(FIXTURES, "llama-silu"), 0, 2, CPU)
