@@ -160,8 +160,8 @@ def add_arguments(parser):
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--tp", type=int, default=1,
-                        help="tensor parallelism over this many GPUs, one process each (greedy "
-                             "--prompt only; models with BitNet's sub-norms)")
+                        help="tensor parallelism over this many GPUs, one process each (--prompt "
+                             "only; models with BitNet's sub-norms)")
 
 
 def main(args):
@@ -188,15 +188,18 @@ def main(args):
 
 
 def main_tensor_parallel(args):
-    """--tp N: the prompt's greedy continuation on N GPUs, one process each
+    """--tp N: the prompt's continuation on N GPUs, one process each
     (tensor_parallel.generate_rank; every rank reads the checkpoint a layer at a time and uploads
     its shard). The text is printed when the ranks are done."""
     from .launcher import run_ranks
+    from .sampling import sampling_settings
     from .tensor_parallel import generate_rank
-    if args.tp < 2 or args.chat or args.temperature != 0:
+    if args.tp < 2 or args.chat:
         raise InvalidArgumentError(f"--tp {args.tp}: tensor parallelism takes 2 or more GPUs and "
-                                   f"runs greedy --prompt generation only (no --chat, no "
-                                   f"--temperature)")
+                                   f"runs --prompt generation only (no --chat)")
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    seed=args.seed)
+    sampling_settings(**sampling)  # checked here, before the ranks start
     if args.max_tokens < 1:
         raise InvalidArgumentError(f"max_tokens must be at least 1, got {args.max_tokens}")
     source = open_source(args.model)
@@ -207,7 +210,7 @@ def main_tensor_parallel(args):
                                    f"exceed the model's {source.config.max_positions} positions")
     start = time.perf_counter()
     ids, seconds = run_ranks(generate_rank, args.tp,
-                             args=(args.model, prompt, args.max_tokens, "peer"))[0]
+                             args=(args.model, prompt, args.max_tokens, "peer", sampling))[0]
     total = time.perf_counter() - start
     stop = next((i for i, t in enumerate(ids) if t in tokenizer.stop_ids), None)
     ids = ids if stop is None else ids[:stop + 1]

@@ -11,7 +11,6 @@ ternary layer's input is quantized to int8 per token by the norm before it.
 On a GPU every buffer is a ``DeviceArray`` and the decode step is captured once as a CUDA graph and
 replayed: no host round trip, allocation or synchronization per token.
 """
-import math
 import time
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from .errors import InvalidArgumentError
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
 from .norm import add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm_quantize
-from .sampling import sample
+from .sampling import sample, sampling_settings
 from .ternary import gemv_w2a8, quantize_a8, quantize_i2s
 
 BF16 = "bfloat16"
@@ -246,9 +245,8 @@ class Session:
         if self.sampling is None:
             self.op("argmax", argmax, b["logits"], out=b["next"])
         else:  # the draw of row n is a function of (seed, n, positions[n])
-            self.op("argmax", sample, b["logits"], self.sampling["seed"], self.positions,
-                    temperature=self.sampling["temperature"], top_k=self.sampling["top_k"],
-                    top_p=self.sampling["top_p"], out=b["next"])
+            self.op("argmax", sample, b["logits"], counters=self.positions, out=b["next"],
+                    **self.sampling)
         # the new tokens now sit in the cache: the next step starts after them and sees one more
         self.op("bookkeeping", add_int32, self.positions, steps)
         self.op("bookkeeping", add_int32, self.seq_lens, 1)
@@ -311,15 +309,10 @@ class Session:
 
     def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
         """Greedy (argmax) at temperature 0, else the device's sample op inside the step."""
-        if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1
-                and int(top_k) == top_k >= 0):
-            raise InvalidArgumentError(f"sampling: temperature {temperature} (finite, >= 0), "
-                                       f"top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
-        sampling = None if temperature == 0 else dict(temperature=float(temperature),
-                                                      top_k=int(top_k), top_p=float(top_p),
-                                                      seed=int(seed))
+        sampling = sampling_settings(temperature, top_k, top_p, seed)
         if sampling != self.sampling:
-            self.sampling, self.graph, self.extend_graph = sampling, None, None  # captured in
+            # the captured steps hold the old draw: capture again
+            self.sampling, self.graph, self.extend_graph = sampling, None, None
 
     def capture(self):
         """The decode step as a CUDA graph (GPU only)."""

@@ -45,14 +45,7 @@ def sample(logits, seed, counters, temperature=1.0, top_k=0, top_p=1.0, out=None
     -------
     index : int32 array [N] (or a 0-d array for 1-D logits)
     """
-    if not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 1 << 64:
-        raise InvalidArgumentError(f"seed must be an integer in [0, 2**64), got {seed!r}")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise InvalidArgumentError(f"temperature must be finite and >= 0, got {temperature}")
-    if not isinstance(top_k, (int, np.integer)) or not 0 <= top_k <= MAX_TOP_K:
-        raise InvalidArgumentError(f"top_k must be an integer in [0, {MAX_TOP_K}], got {top_k!r}")
-    if not 0 < top_p <= 1:
-        raise InvalidArgumentError(f"top_p must be in (0, 1], got {top_p}")
+    _check_settings(seed, temperature, top_k, top_p)
     arrays, device, handle = _arrays.prepare({"logits": logits, "out": out}, stream,
                                              writes=("out",), optional=("out",))
     xa = arrays["logits"]
@@ -64,3 +57,24 @@ def sample(logits, seed, counters, temperature=1.0, top_k=0, top_p=1.0, out=None
               float(temperature), int(top_k), float(top_p), oa.cptr("int32_t *"),
               handle)
     return out
+
+
+def sampling_settings(temperature=0.0, top_k=0, top_p=1.0, seed=0):
+    """A decode step's draw, checked as sample checks it: None for greedy (temperature 0), else
+    sample's keyword arguments (seed, temperature, top_k, top_p)."""
+    _check_settings(seed, temperature, top_k, top_p)
+    if temperature == 0:
+        return None
+    return dict(seed=int(seed), temperature=float(temperature), top_k=int(top_k),
+                top_p=float(top_p))
+
+
+def _check_settings(seed, temperature, top_k, top_p):
+    if not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 1 << 64:
+        raise InvalidArgumentError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise InvalidArgumentError(f"temperature must be finite and >= 0, got {temperature}")
+    if not isinstance(top_k, (int, np.integer)) or not 0 <= top_k <= MAX_TOP_K:
+        raise InvalidArgumentError(f"top_k must be an integer in [0, {MAX_TOP_K}], got {top_k!r}")
+    if not 0 < top_p <= 1:
+        raise InvalidArgumentError(f"top_p must be in (0, 1], got {top_p}")

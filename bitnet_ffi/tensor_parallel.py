@@ -13,7 +13,8 @@ the CPU for tests), in the Megatron layout:
   int8 steps: the projections differ by int8 rounding noise, which a random model's later layers
   amplify (docs/tensor_parallel.md gives the figures; greedy tokens may part at near-ties).
 - The output head is split by vocabulary; the ranks' logits are all-gathered and every rank takes
-  the same argmax (numpy's tie rule over the whole vocabulary, as one GPU).
+  the same argmax (numpy's tie rule over the whole vocabulary, as one GPU), or, with
+  set_sampling, the same draw of the sample op.
 The ranks agree bit for bit (the all-reduce adds in rank order on every rank).
 
 Per layer a decode step makes 2 collectives (the all-reduces after o and down), plus one gather
@@ -39,6 +40,7 @@ from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsnorm_partial,
                    rmsnorm_quantize)
+from .sampling import sample, sampling_settings
 from .ternary import TernaryWeights, gemv_w2a8
 
 BF16 = "bfloat16"
@@ -191,12 +193,14 @@ def load_shard(path, rank, world, device):
     return slicer.shard(weights, weights.layers)
 
 
-def generate_shard(group, path, prompt, tokens):
-    """One rank's greedy continuation of `prompt` (token ids) by `tokens` tokens, with its shard
-    of the checkpoint at `path`; `group` holds its collectives (comm.Group, or a comm.ThreadGroup
-    on the CPU). Returns the new ids and the seconds the steps took."""
+def generate_shard(group, path, prompt, tokens, sampling=None):
+    """One rank's continuation of `prompt` (token ids) by `tokens` tokens, with its shard of the
+    checkpoint at `path`: greedy, or drawn as `sampling` (set_sampling's keyword arguments) says;
+    `group` holds its collectives (comm.Group, or a comm.ThreadGroup on the CPU). Returns the new
+    ids and the seconds the steps took."""
     session = TPSession(load_shard(path, group.rank, group.world, group.device), group,
                         len(prompt) + tokens)
+    session.set_sampling(**(sampling or {}))
     try:
         start = time.perf_counter()
         ids = session.generate(prompt, tokens)
@@ -205,12 +209,12 @@ def generate_shard(group, path, prompt, tokens):
         session.close()
 
 
-def generate_rank(ctx, path, prompt, tokens, method):
+def generate_rank(ctx, path, prompt, tokens, method, sampling=None):
     """launcher.run_ranks' target: generate_shard on the rank's GPU, collectives by `method`."""
     from . import comm
     group = comm.Group(ctx, method=method)
     try:
-        return generate_shard(group, path, prompt, tokens)
+        return generate_shard(group, path, prompt, tokens, sampling)
     finally:
         group.close()
 
@@ -280,6 +284,7 @@ class TPSession:
         self.device = group.device
         self.stream = Stream(self.device) if self.device != CPU else None
         self.graph = None
+        self.sampling = None
         self.solo = sp.world == 1  # no collectives: the unsplit model's step
         H, I, D = c.hidden, c.intermediate, c.head_dim
         hq, hkv = sp.heads[r], sp.kv_heads[r]
@@ -329,6 +334,14 @@ class TPSession:
         if self.stream is not None:
             self.stream.synchronize()
         self.group.check()
+
+    def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        """Greedy (argmax) at temperature 0, else the sample op on the gathered logits, inside the
+        step (model.Session.set_sampling's settings and draw)."""
+        sampling = sampling_settings(temperature, top_k, top_p, seed)
+        if sampling != self.sampling:
+            self.close()  # the captured step holds the old draw
+            self.sampling = sampling
 
     def reset(self):
         """An empty sequence: the next token goes to position 0."""
@@ -398,7 +411,10 @@ class TPSession:
         if not self.solo:
             self.group.all_gather(b["logits_part"], b["logits"], counts=self.vocab_counts,
                                   stream=st)
-        argmax(b["logits"], out=b["ids"], **kw)
+        if self.sampling is None:
+            argmax(b["logits"], out=b["ids"], **kw)
+        else:  # every rank has the whole row and the same settings: every rank draws the same
+            sample(b["logits"], counters=self.positions, out=b["ids"], **self.sampling, **kw)
         add_int32(self.positions, 1, **kw)
         add_int32(self.seq_lens, 1, **kw)
 

@@ -344,10 +344,25 @@ def test_generate_tp_refuses_what_it_cannot_run(capsys):
     from bitnet_ffi import cli
     path = os.path.join(FIXTURES, "bitnet-packed")
     assert cli.main(["generate", "--model", path, "--prompt", "hi", "--tp", "2",
-                     "--temperature", "0.5"]) == 2
-    assert "runs greedy --prompt generation only" in capsys.readouterr().err
+                     "--temperature", "-0.5"]) == 2
+    assert "temperature must be finite and >= 0" in capsys.readouterr().err
     assert cli.main(["generate", "--model", path, "--prompt", "hi", "--tp", "0"]) == 2
     assert "takes 2 or more GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.cpu
+def test_sampling_over_simulated_ranks_draws_the_same_token_on_every_rank():
+    """The head's logits are gathered whole on every rank, so the sample op draws the same token
+    everywhere; a seed repeats its run, and the draw is not the greedy path."""
+    path = os.path.join(FIXTURES, "bitnet-packed")
+    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
+    hot = dict(temperature=1.5, top_k=0, top_p=1.0, seed=11)
+    runs = [comm.run_threads(tp.generate_shard, 2, path, prompt, 12, hot) for _ in range(2)]
+    for ranks in runs:
+        assert ranks[0][0] == ranks[1][0]
+    assert runs[0][0][0] == runs[1][0][0]
+    greedy = comm.run_threads(tp.generate_shard, 2, path, prompt, 12)[0][0]
+    assert runs[0][0][0] != greedy
 
 
 # ---------------------------------------------------------------- multi_gpu
@@ -488,8 +503,8 @@ def test_tp_logits_match_one_gpu():
 @pytest.mark.multi_gpu
 def test_generate_tp_on_two_gpus_runs_a_checkpoint(capsys):
     """`generate --tp 2` on the bitnet-packed fixture: every rank loads it and uploads its shard;
-    the ranks' greedy tokens agree (run_ranks' rank 0 is printed), and the first new token is the
-    one-GPU model's (a clear top-2 margin in the fixture)."""
+    the ranks' tokens agree, greedy and sampled (run_ranks' rank 0 is printed), and the first
+    greedy token is the one-GPU model's (a clear top-2 margin in the fixture)."""
     from bitnet_ffi import cli
     from bitnet_ffi.generate import Model
     if _gpus() < 2:
@@ -500,6 +515,10 @@ def test_generate_tp_on_two_gpus_runs_a_checkpoint(capsys):
     assert ranks[0][0] == ranks[1][0] and len(ranks[0][0]) == 6
     one = Model.load(path, device="cuda", progress=False).generate(prompt, max_tokens=1)[0].ids
     assert ranks[0][0][0] == one[0]
+    hot = dict(temperature=1.5, top_k=40, top_p=0.9, seed=11)
+    ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer", hot),
+                               timeout=120)
+    assert ranks[0][0] == ranks[1][0]
     assert cli.main(["generate", "--model", path, "--prompt", "The quick brown fox", "--tp", "2",
                      "--max-tokens", "4", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["generated_ids"]) <= 4
