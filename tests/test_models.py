@@ -129,15 +129,22 @@ def test_formats_hold_the_same_weights(name):
     np.testing.assert_array_equal(logits[0], logits[1])
 
 
+def fixture_writer():
+    """tools/make_fixtures.py as a module (its writers need only numpy, gguf and tokenizers)."""
+    import importlib
+    import sys
+    tools = os.path.join(os.path.dirname(__file__), "..", "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return importlib.import_module("make_fixtures")
+
+
 def write_bitnet_packed_gguf(path, kind, tokenizer=None):
     """bitnet-packed's tensors as a bitnet-25 GGUF of `kind` (a ternary type or "F16", bitnet.cpp's
     unquantized export: the codes and a `.scale` tensor), written with the fixture writer; its
     tokenizer.json's tokenizer unless `tokenizer` (GGUF metadata) is given."""
-    import sys
     from tokenizers import Tokenizer as HFTokenizer
     from bitnet_ffi.safetensors_file import SafetensorsCheckpoint
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-    from make_fixtures import write_gguf
     st = SafetensorsCheckpoint(fixture("bitnet-packed"))
     weights, ternaries = {}, {}
     for n in st.names():
@@ -150,8 +157,9 @@ def write_bitnet_packed_gguf(path, kind, tokenizer=None):
             weights[n] = np.asarray(st.tensor(n), np.float32)
     config = json.load(open(os.path.join(fixture("bitnet-packed"), "config.json")))
     config["rope_theta"] = config["rope_parameters"]["rope_theta"]
-    write_gguf(path, "bitnet-25", config, weights, ternaries, kind, tokenizer or
-               HFTokenizer.from_file(os.path.join(fixture("bitnet-packed"), "tokenizer.json")))
+    tokenizer = tokenizer or HFTokenizer.from_file(os.path.join(fixture("bitnet-packed"),
+                                                                "tokenizer.json"))
+    fixture_writer().write_gguf(path, "bitnet-25", config, weights, ternaries, kind, tokenizer)
 
 
 @pytest.mark.cpu
@@ -440,10 +448,7 @@ SENTENCEPIECE_TEXTS = TEXTS + ["chuck wood", "naïve café 🙂 中文", "</s>af
 
 
 def sentencepiece_vocab():
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
-    from make_fixtures import sentencepiece_vocab
-    return sentencepiece_vocab()
+    return fixture_writer().sentencepiece_vocab()
 
 
 @pytest.mark.cpu
