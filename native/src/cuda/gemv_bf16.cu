@@ -2,8 +2,8 @@
  * One token (or float32 x): one warp per weight row; each lane streams 16-byte chunks (8 weights)
  * of its row, UNROLL chunks in flight, and multiplies each chunk with the same chunk of every token
  * of the tile (x is small and stays in L1/L2). 2 or more bfloat16 tokens: tensor cores, a warp per
- * 16 rows and up to 64 tokens, x staged in shared memory (gemv_bf16_mma_kernel). More tokens loop over tiles of TILE_TOKENS
- * (MMA_TILE_TOKENS on tensor cores).
+ * 16 rows and up to 64 tokens, x staged in shared memory (gemv_bf16_mma_kernel). More tokens loop
+ * over tiles of TILE_TOKENS (MMA_TILE_TOKENS on tensor cores).
  * Launched with programmatic dependent launch.
  * Bytes: M*K*2 of weights, read once per tile, dominate; batch 1 at 128256 x 2560 reads them at
  * about 3.1 TB/s on the H100 (0.211 ms). */
