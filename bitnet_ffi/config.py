@@ -6,8 +6,13 @@ built from a Hugging Face config.json (transformers 4.x or 5.x) or from GGUF met
 | BitNet b1.58 2B4T | BitNetForCausalLM, GGUF ``bitnet-25`` or ``bitnet-b1.58`` | relu2 | attn_sub_norm, ffn_sub_norm | tied |
 | Falcon3-*-1.58bit, Llama3-8B-1.58 | LlamaForCausalLM, GGUF ``llama`` | silu | none | untied |
 | 1bitLLM bitnet_b1_58 | BitnetForCausalLM, GGUF ``bitnet`` | silu | inner_attn_ln, ffn_layernorm | untied |
+
+Head dimensions other than 64, 128, 256 and intermediate sizes that are not multiples of 128 run
+in a padded layout (padding.py), whose Config is padded_config(config).
 """
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .errors import UnsupportedError
 
@@ -36,16 +41,41 @@ class Config:
     max_positions: int = 4096
     bos_id: int = None
     eos_ids: tuple = field(default=())
+    # (head_dim, intermediate) of the checkpoint when this config is its padded layout
+    # (padding.py): attention's scale and the sub-norms' eps then follow the checkpoint's sizes
+    padded_from: tuple = None
 
     @property
     def kv_dim(self):
         return self.kv_heads * self.head_dim
 
+    @property
+    def q_dim(self):
+        """Width of the queries and of attention's output: the o projection's input."""
+        return self.heads * self.head_dim
+
+    @property
+    def attention_scale(self):
+        """Softmax scale 1/sqrt(head dim), in float32 as attention computes its default."""
+        D = self.padded_from[0] if self.padded_from else self.head_dim
+        return float(np.float32(1) / np.sqrt(np.float32(D)))
+
+    @property
+    def attn_sub_eps(self):
+        """eps of the sub-norm before o: scaled by real / padded width, so that the padded
+        mean square plus eps is the real one times that ratio (padding.py)."""
+        return self.eps * (self.padded_from[0] / self.head_dim if self.padded_from else 1)
+
+    @property
+    def ffn_sub_eps(self):
+        """eps of the sub-norm before down, as attn_sub_eps for the intermediate width."""
+        return self.eps * (self.padded_from[1] / self.intermediate if self.padded_from else 1)
+
     def ternary_bytes(self):
         """Packed weights and scales of every ternary layer: what one decode step must read."""
         H, I = self.hidden, self.intermediate
-        rows_by_k = {H: H + 2 * self.kv_dim + H + 2 * I, I: H}
-        return self.layers * sum(rows * (k // 4 + 4) for k, rows in rows_by_k.items())
+        shapes = [(self.q_dim + 2 * self.kv_dim + 2 * I, H), (H, self.q_dim), (H, I)]
+        return self.layers * sum(rows * (k // 4 + 4) for rows, k in shapes)
 
     @classmethod
     def from_hf(cls, hf, source="config.json"):
@@ -123,10 +153,16 @@ class Config:
             raise UnsupportedError(f"{source}: {config.heads} heads of dimension "
                                    f"{config.head_dim} with {config.kv_heads} KV heads do not "
                                    f"make hidden size {config.hidden}")
-        for name in ("hidden", "intermediate"):
-            if getattr(config, name) % 128:
-                raise UnsupportedError(f"{source}: {name} size {getattr(config, name)} is not a "
-                                       "multiple of 128, which the ternary GEMV needs")
+        if config.hidden % 128:
+            raise UnsupportedError(f"{source}: hidden size {config.hidden} is not a multiple of "
+                                   "128, which the ternary GEMV needs")
+        if config.intermediate % 16:
+            raise UnsupportedError(f"{source}: intermediate size {config.intermediate} is not a "
+                                   "multiple of 16 (it is padded to a multiple of 128 at load, "
+                                   "by whole groups of 16 packed weights)")
+        if config.head_dim % 2 or config.head_dim > 256:
+            raise UnsupportedError(f"{source}: head dimension {config.head_dim} is not supported "
+                                   "(even, at most 256)")
         return config
 
 

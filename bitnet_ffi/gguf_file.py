@@ -72,10 +72,11 @@ class GGUFFile:
                 continue
             n = int(np.prod(shape))
             nbytes = n // 4 + I2_S_TAIL
-            if len(shape) != 2 or shape[1] % 128 or offset + nbytes > size:
+            if len(shape) != 2 or shape[1] % 16 or n % 128 or offset + nbytes > size:
                 raise CorruptFileError(f"{self.path}: tensor {name}: I2_S {list(shape)} of "
                                        f"{nbytes} bytes at {offset} does not fit the file of "
-                                       f"{size} bytes or is not [rows, 128k]")
+                                       f"{size} bytes or is not [rows, 16k] of 128-weight "
+                                       "blocks")
             self.tensors[name] = ("I2_S", shape, reader.data[offset:offset + nbytes])
 
     def names(self):

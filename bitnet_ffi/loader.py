@@ -8,6 +8,7 @@ Scales (docs/models.md): with ``quantization_config.linear_class == "autobitline
 ``weight_scale`` is the absmean (W = codes * scale); otherwise (BitLinear) it is 1 / absmean.
 GGUF I2_S holds the absmean; TQ1_0 / TQ2_0 hold one fp16 scale per 256 weights, converted exactly
 when all blocks of a row share it (per-row scales) and refused otherwise."""
+import dataclasses
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from .config import Config
 from .errors import BitNetError, CorruptFileError, UnsupportedError
 from .gguf_file import GGUFFile, require
 from .model import Layer, Weights
+from .padding import GEMV_K_MULTIPLE, flat_ternary, pad_layer, padded_config
 from .safetensors_file import SafetensorsCheckpoint
 from .ternary import TernaryWeights, pack_ternary, quantize_i2s
 from . import weight_names as names
@@ -65,9 +67,9 @@ def _check_codes(packed, what):
         raise CorruptFileError(f"{what}: holds the 2-bit code 3, which is no ternary value")
 
 
-def _chunked(fn, rows, *arrays):
+def _chunked(fn, rows, *arrays, chunk=CHUNK_ROWS):
     """fn over row chunks of the arrays, on the thread pool (numpy releases the GIL)."""
-    spans = [(r, min(rows, r + CHUNK_ROWS)) for r in range(0, rows, CHUNK_ROWS)]
+    spans = [(r, min(rows, r + chunk)) for r in range(0, rows, chunk)]
     list(_pool.map(lambda s: fn(s, *arrays), spans))
 
 
@@ -92,21 +94,22 @@ def hf_packed_to_ternary(P, what):
 def i2s_to_ternary(raw, rows, cols, what):
     """bitnet.cpp I2_S: rows * cols / 4 code bytes, 128-weight blocks of the row-major data,
     weight j of block b in byte 32 b + j % 32 at bit 6 - 2 (j / 32), codes 0, 1, 2 = -1, 0, +1;
-    then the float32 absmean. Returns (packed uint8 [rows, cols / 4], scale)."""
+    then the float32 absmean. Blocks may cross rows (cols a multiple of 16, not of 128): the
+    library's layout of the row-major data is the rows' layouts one after another. Returns (packed
+    uint8 [rows, cols / 4], scale)."""
     n = rows * cols // 4
     scale = float(np.frombuffer(raw[n:n + 4].tobytes(), "<f4")[0])
     blocks = raw[:n].reshape(-1, 2, 4, 4)                             # [block, h, i, b]: j = 16h + 4i + b
     out = np.empty((blocks.shape[0], 4, 2, 4), np.uint8)              # [block, q, h, b]: group 2q + h
-    per_row = cols // 128
 
     def convert(span, src):
-        lo, hi = span[0] * per_row, span[1] * per_row
+        lo, hi = span
         block = src[lo:hi]
         _check_codes(block, what)
         words = np.ascontiguousarray(block.transpose(0, 1, 3, 2)).view("<u4")[..., 0]
         fields = _transpose_fields(words)[..., None].view(np.uint8)   # [block, h, b, f], q = 3 - f
         out[lo:hi] = fields.transpose(0, 3, 1, 2)[:, ::-1]
-    _chunked(convert, rows, blocks)
+    _chunked(convert, blocks.shape[0], blocks, chunk=CHUNK_ROWS * 32)
     return out.reshape(rows, cols // 4), scale
 
 
@@ -164,7 +167,9 @@ class Source:
         """model.Weights on `device`; each_layer(layer), where given, replaces every layer as soon
         as it is read (tensor_parallel.load_shard keeps a rank's slices of it)."""
         c = self.config
+        runtime = padded_config(c)
         H, I, V, kv = c.hidden, c.intermediate, c.vocab, c.kv_dim
+        layer_device = _arrays.CPU if runtime is not c else device  # padded on the host first
         self.used = set()
         layers = []
         bar = _progress(c.layers + 2, progress)
@@ -175,11 +180,14 @@ class Source:
                 prefix = self.layer_prefix.format(i)
                 parts = {"qkv": ([H, kv, kv], H), "o": ([H], H), "gate_up": ([I, I], H),
                          "down": ([H], I)}
-                ternary = {part: self.ternary(prefix, part, rows, cols, device)
+                ternary = {part: self.ternary(prefix, part, rows, cols, layer_device)
                            for part, (rows, cols) in parts.items()}
-                norms = {part: self.norm(prefix, part, I if part == "ffn_sub_norm" else H, device)
+                norms = {part: self.norm(prefix, part, I if part == "ffn_sub_norm" else H,
+                                         layer_device)
                          for part in self.norm_names}
                 layer = Layer(**ternary, **norms)
+                if runtime is not c:
+                    layer = self.to_device(pad_layer(layer, c, runtime), device)
                 layers.append(each_layer(layer) if each_layer else layer)
                 bar.update(1)
             final_norm = self.put(self.dense(self.final_norm, (H,)), device)
@@ -192,7 +200,7 @@ class Source:
                                        f"{', '.join(extra[:5])}{' ...' if len(extra) > 5 else ''})")
             if device != _arrays.CPU:  # quantize_i2s's work ends before any GEMV reads it
                 _ffi.call("device_synchronize", device)
-            return Weights(c, layers, final_norm, embedding, head)
+            return Weights(runtime, layers, final_norm, embedding, head)
         except BaseException:
             layers.clear()  # frees what is already on the device (the exception keeps frames)
             embedding = final_norm = head = None
@@ -234,6 +242,8 @@ class Source:
         pieces = [self.piece(prefix + n, r, cols) for n, r in zip(self.ternary_names[part], rows)]
         if all(p[0] == "float" for p in pieces):
             dense = np.concatenate([p[1] for p in pieces]) if len(pieces) > 1 else pieces[0][1]
+            if cols % GEMV_K_MULTIPLE:  # down of a padded model, on the host
+                return flat_ternary(self.put(dense, _arrays.CPU))
             return quantize_i2s(self.put(dense, device), row_segments=rows)
         if any(p[0] == "float" for p in pieces):
             raise UnsupportedError(f"{self.path}: {prefix}{part}: quantized and unquantized "
@@ -242,11 +252,20 @@ class Source:
         scales = np.concatenate([p[2] for p in pieces]) if len(pieces) > 1 else pieces[0][2]
         return TernaryWeights(self.put(packed, device), self.put(scales, device))
 
+    def to_device(self, layer, device):
+        """A Layer of host arrays copied to `device`."""
+        def move(value):
+            if value is None:
+                return None
+            return value.to(device) if isinstance(value, TernaryWeights) else self.put(value, device)
+        return Layer(**{f.name: move(getattr(layer, f.name)) for f in dataclasses.fields(layer)})
+
     @staticmethod
     def put(host, device):
         host = np.ascontiguousarray(host)
-        if device == _arrays.CPU:
-            return host if host.flags.writeable else host.copy()
+        if device == _arrays.CPU:  # the ops take writable arrays aligned to 16 bytes
+            aligned = host.ctypes.data % 16 == 0
+            return host if host.flags.writeable and aligned else host.copy()
         return _arrays.DeviceArray.from_numpy(host, device)
 
 
@@ -372,7 +391,7 @@ class GGUFSource(Source):
             extra = float(np.asarray(self.values(self.take(name + ".scale"))).reshape(-1)[0])
         if kind in self.KINDS:
             codes, scale = float_to_codes(self.values(weight), what)
-            packed = pack_ternary(codes, scale * extra).packed
+            packed = flat_ternary(codes, scale * extra).packed
             return "packed", self.unpermute(name, packed), np.full(rows, scale * extra, np.float32)
         if kind == "I2_S":
             packed, scale = i2s_to_ternary(self.values(weight), rows, cols, what)

@@ -37,11 +37,11 @@ TINY = Config(hidden=256, intermediate=384, layers=2, heads=4, kv_heads=2, head_
 
 @dataclass
 class Layer:
-    qkv: object          # TernaryWeights [H + 2 kv_dim, H], scales per part (Q, K, V)
-    o: object            # [H, H]
+    qkv: object          # TernaryWeights [q_dim + 2 kv_dim, H], scales per part (Q, K, V)
+    o: object            # [H, q_dim]
     gate_up: object      # [2 I, H], scales per part (gate, up)
     down: object         # [H, I]
-    attn_norm: object    # bfloat16 [H] each, the down sub-norm [I]
+    attn_norm: object    # bfloat16 [H] each, the o sub-norm [q_dim], the down sub-norm [I]
     ffn_norm: object
     attn_sub_norm: object = None  # None where the config has no sub-norms
     ffn_sub_norm: object = None
@@ -63,7 +63,7 @@ class Weights:
 def random_weights(config, device, seed=0, progress=None):
     """Seeded random weights, the ternary ones quantized by quantize_i2s on `device`."""
     rng = np.random.default_rng(seed)
-    H, I = config.hidden, config.intermediate
+    H, I, Q, kv = config.hidden, config.intermediate, config.q_dim, config.kv_dim
     bf16 = _arrays.numpy_dtype(BF16)
 
     def put(host):
@@ -79,9 +79,9 @@ def random_weights(config, device, seed=0, progress=None):
     layers = []
     for index in range(config.layers):
         layers.append(Layer(
-            qkv=ternary(H + 2 * config.kv_dim, H, [H, config.kv_dim, config.kv_dim]),
-            o=ternary(H, H), gate_up=ternary(2 * I, H, [I, I]), down=ternary(H, I),
-            attn_norm=norm(H), attn_sub_norm=norm(H), ffn_norm=norm(H), ffn_sub_norm=norm(I)))
+            qkv=ternary(Q + 2 * kv, H, [Q, kv, kv]),
+            o=ternary(H, Q), gate_up=ternary(2 * I, H, [I, I]), down=ternary(H, I),
+            attn_norm=norm(H), attn_sub_norm=norm(Q), ffn_norm=norm(H), ffn_sub_norm=norm(I)))
         if progress:
             progress(index + 1, config.layers)
     table = put((0.5 * rng.standard_normal((config.vocab, H), dtype=np.float32)).astype(bf16))
@@ -148,7 +148,7 @@ class Session:
         H, I = c.hidden, c.intermediate
         q_shape = (self.batch, steps, c.heads, c.head_dim)
         b = {"ids": self.alloc((N,), "int32"), "h": self.alloc((N, H), BF16),
-             "x_q": self.alloc((N, max(H, I)), "int8"), "x_s": self.alloc((N,), "float32"),
+             "x_q": self.alloc((N, max(H, I, c.q_dim)), "int8"), "x_s": self.alloc((N,), "float32"),
              "attn": self.alloc(q_shape, BF16),
              "proj": self.alloc((N, H), BF16), "gate_up": self.alloc((N, 2 * I), BF16),
              "y": self.alloc((N, H), BF16),
@@ -156,7 +156,7 @@ class Session:
              "logits": self.alloc((self.batch, c.vocab), "float32")}
         # decode writes the next ids over the ones it has read; a prompt has more ids than that
         b["next"] = b["ids"] if steps == 1 else self.alloc((self.batch,), "int32")
-        b["qkv"] = self.alloc((N, H + 2 * c.kv_dim), BF16)
+        b["qkv"] = self.alloc((N, c.q_dim + 2 * c.kv_dim), BF16)
         b["q"] = self.alloc(q_shape, BF16)
         ws = attention_workspace_size(self.device, self.batch, steps, c.heads, c.kv_heads,
                                       c.head_dim, self.capacity)
@@ -177,16 +177,18 @@ class Session:
         self.times[kind] = self.times.get(kind, 0.0) + time.perf_counter() - start
         return result
 
-    def norm_quantize(self, x, weight, b, residual=None):
+    def norm_quantize(self, x, weight, b, residual=None, eps=None):
         """int8 rows of rmsnorm(x), or of rmsnorm(residual += x), for the next ternary layer;
-        with no weight (a model without that sub-norm), of x itself."""
+        with no weight (a model without that sub-norm), of x itself. eps: the config's by
+        default."""
         rows, width = x.shape[0], x.shape[1]
         x_q, x_s = _flat(b["x_q"], rows, width), b["x_s"][:rows]
         if weight is None:
             self.op("rmsnorm (+int8)", quantize_a8, x, out=(x_q, x_s))
         else:
-            self.op("rmsnorm (+int8)", rmsnorm_quantize, x, weight, eps=self.config.eps,
-                    residual=residual, out=(x_q, x_s))
+            self.op("rmsnorm (+int8)", rmsnorm_quantize, x, weight,
+                    eps=self.config.eps if eps is None else eps, residual=residual,
+                    out=(x_q, x_s))
         return x_q, x_s
 
     def gate_quantize(self, gate_up, weight, b):
@@ -195,11 +197,11 @@ class Session:
         rows = gate_up.shape[0]
         x_q, x_s = _flat(b["x_q"], rows, c.intermediate), b["x_s"][:rows]
         if c.activation == "relu2" and weight is not None:
-            self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, gate_up, weight, eps=c.eps,
-                    out=(x_q, x_s))
+            self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, gate_up, weight,
+                    eps=c.ffn_sub_eps, out=(x_q, x_s))
         else:
             self.op("rmsnorm (+int8)", glu_rmsnorm_quantize, gate_up, weight,
-                    activation=c.activation, eps=c.eps, out=(x_q, x_s))
+                    activation=c.activation, eps=c.ffn_sub_eps, out=(x_q, x_s))
         return x_q, x_s
 
     def project(self, weights, x_q, x_s, out):
@@ -224,8 +226,10 @@ class Session:
             self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
                     self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
             self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
-                    causal=True, seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"])
-            a_q, a_s = self.norm_quantize(_flat(b["attn"], N, c.hidden), layer.attn_sub_norm, b)
+                    causal=True, scale=c.attention_scale, seq_lens=self.seq_lens, out=b["attn"],
+                    workspace=b["workspace"])
+            a_q, a_s = self.norm_quantize(_flat(b["attn"], N, c.q_dim), layer.attn_sub_norm, b,
+                                          eps=c.attn_sub_eps)
             self.project(layer.o, a_q, a_s, b["proj"])
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
             f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])

@@ -40,11 +40,11 @@ from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsnorm_partial,
                    rmsnorm_quantize)
+from .padding import GEMV_K_MULTIPLE, padded_config
 from .sampling import sample, sampling_settings
 from .ternary import TernaryWeights, gemv_w2a8
 
 BF16 = "bfloat16"
-GEMV_K_MULTIPLE = 128
 TABLE_BLOCK_ROWS = 4096  # random_shard's embedding: this many random rows, repeated
 
 
@@ -72,15 +72,15 @@ def split(config, world):
     """The Split of `config` over `world` ranks; UnsupportedError names every constraint broken."""
     c = config
     problems = []
+    if padded_config(c) is not c:
+        problems.append(f"head dim {c.head_dim} and intermediate {c.intermediate} need the padded "
+                        "layout (padding.py), which is not split across ranks")
     if c.heads * c.head_dim != c.hidden:
         problems.append("heads * head_dim must equal hidden")
     if c.heads % c.kv_heads:
         problems.append(f"heads = {c.heads} is not a multiple of kv_heads = {c.kv_heads}")
     if c.kv_heads < world:
         problems.append(f"kv_heads = {c.kv_heads} < world = {world} (KV heads are not replicated)")
-    if c.intermediate % GEMV_K_MULTIPLE:
-        problems.append(f"intermediate = {c.intermediate} is not a multiple of {GEMV_K_MULTIPLE} "
-                        f"(the down projection's K, split in such units)")
     if problems:
         raise UnsupportedError(f"tensor parallelism over {world} ranks: " + "; ".join(problems))
     kv = _even(c.kv_heads, world)

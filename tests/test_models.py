@@ -35,9 +35,10 @@ from reference import reference_sentencepiece_encode
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
 LOGIT_BOUND, MARGIN, STEPS = 1.0, 0.2, 32
-HF = ["bitnet-packed", "bitnet-bitlinear", "bitnet-bf16", "llama-silu"]
+HF = ["bitnet-packed", "bitnet-bitlinear", "bitnet-bf16", "llama-silu", "bitnet-padded"]
 GGUF = {"bitnet-packed-i2_s.gguf": "bitnet-packed", "bitnet-packed-tq2_0.gguf": "bitnet-packed",
-        "bitnet-packed-tq1_0.gguf": "bitnet-packed", "llama-silu-tq2_0.gguf": "llama-silu"}
+        "bitnet-packed-tq1_0.gguf": "bitnet-packed", "llama-silu-tq2_0.gguf": "llama-silu",
+        "bitnet-padded-i2_s.gguf": "bitnet-padded"}
 DEVICES = [pytest.param("cpu", marks=pytest.mark.cpu), pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -221,8 +222,8 @@ def test_hf_packing_converts_exactly(rng):
 
 
 @pytest.mark.cpu
-def test_i2s_converts_exactly(rng):
-    O, I = 8, 384
+@pytest.mark.parametrize("O, I", [(8, 384), (8, 48)])  # 48: 128-weight blocks cross rows
+def test_i2s_converts_exactly(rng, O, I):
     codes = rng.integers(0, 3, (O, I)).astype(np.uint8)
     flat = codes.reshape(-1)
     raw = np.zeros(O * I // 4 + 32, np.uint8)
@@ -232,8 +233,8 @@ def test_i2s_converts_exactly(rng):
     raw[O * I // 4:O * I // 4 + 4] = np.frombuffer(np.float32(0.375).tobytes(), np.uint8)
     ours, scale = i2s_to_ternary(raw, O, I, "test")
     assert scale == 0.375
-    got = bitnet_ffi.TernaryWeights(ours, np.ones(O, np.float32)).unpack()
-    np.testing.assert_array_equal(got, codes.astype(np.int8) - 1)
+    flat = bitnet_ffi.TernaryWeights(ours.reshape(-1, 32), np.ones(O * I // 128, np.float32))
+    np.testing.assert_array_equal(flat.unpack().reshape(O, I), codes.astype(np.int8) - 1)
 
 
 # ---- configs ---------------------------------------------------------------------------------
@@ -265,7 +266,9 @@ def test_config_reads_transformers_4_and_5():
     ({"architectures": ["GPT2LMHeadModel"]}, "not supported"),
     ({"hidden_act": "gelu"}, "activation 'gelu'"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "RoPE type 'llama3'"),
-    ({"intermediate_size": 8640}, "not a multiple of 128"),
+    ({"hidden_size": 2600}, "not a multiple of 128"),
+    ({"intermediate_size": 6900}, "not a multiple of 16"),
+    ({"num_attention_heads": 8, "num_key_value_heads": 8}, "head dimension 320"),
     ({"num_key_value_heads": 3}, "heads"),
     ({"attention_bias": True}, "biases"),
 ])

@@ -13,6 +13,8 @@ Small random models, saved by transformers' own save_pretrained:
 - bitnet-bf16: unquantized bfloat16 weights (quantization_mode online: quantized at load);
 - llama-silu: LlamaForCausalLM with transformers' BitNet quantizer (BitLinear), SiLU, head dim
   256, untied head (Falcon3-1.58bit's layout);
+- bitnet-padded: 1bitLLM's layout at sizes that run padded (head dim 96, intermediate 624), with
+  float16 latent weights, and bitnet-padded-i2_s.gguf;
 - bitnet-packed-{i2_s,tq2_0,tq1_0}.gguf: bitnet-packed's weights as bitnet.cpp / llama.cpp write
   them (architecture bitnet-25, the tokenizer embedded), and llama-silu-tq2_0.gguf (llama, q/k
   rows permuted as llama.cpp's converter does).
@@ -328,10 +330,14 @@ def bitnet_config(vocab, **overrides):
     return c
 
 
+def prompt_ids(tok):
+    return [[tok.token_to_id(SPECIALS[0])] + tok.encode(p).ids for p in PROMPTS]
+
+
 def make_small(out):
     tok = train_tokenizer()
     V = tok.get_vocab_size()
-    prompts = [[tok.token_to_id(SPECIALS[0])] + tok.encode(p).ids for p in PROMPTS]
+    prompts = prompt_ids(tok)
     rng = np.random.default_rng(2026)
     os.makedirs(out, exist_ok=True)
 
@@ -365,6 +371,44 @@ def make_small(out):
     save_hf(d, llama, wl, tl, "bitlinear", tok)
     reference(d, prompts)
     write_gguf(os.path.join(out, "llama-silu-tq2_0.gguf"), "llama", llama, wl, tl, "TQ2_0", tok)
+    make_padded(out, tok, prompts)
+
+
+def make_padded(out, tok, prompts):
+    """bitnet-padded: 1bitLLM's layout (SiLU, sub-norms named inner_attn_ln and ffn_layernorm,
+    untied head, float latent weights and no quantization_config) at sizes that run padded: head
+    dim 96, intermediate 624. The oracle runs transformers' BitNetForCausalLM before the renames.
+    Its GGUF: bitnet.cpp's I2_S of the quantized weights (codes, absmean), architecture bitnet."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    rng = np.random.default_rng(2027)
+    config = bitnet_config(tok.get_vocab_size(), hidden_size=384, intermediate_size=624,
+                           num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+                           rope_theta=10000.0, tie_word_embeddings=False)
+    d = os.path.join(out, "bitnet-padded")
+    shutil.rmtree(d, ignore_errors=True)
+    weights, ternaries = random_model(rng, config)
+    save_hf(d, config, weights, ternaries, "online", tok)
+    reference(d, prompts)
+    path = os.path.join(d, "model.safetensors")
+    renames = {"self_attn.attn_sub_norm": "self_attn.inner_attn_ln",
+               "mlp.ffn_sub_norm": "mlp.ffn_layernorm"}
+    tensors = {}
+    for name, value in load_file(path).items():
+        for old, new in renames.items():
+            name = name.replace(old, new)
+        tensors[name] = value.to(torch.float16)  # 1bitLLM's dtype; every value is exact in it
+    save_file(tensors, path, metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["architectures"] = ["BitnetForCausalLM"]
+    c.pop("quantization_config")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    absmean = {name: (codes, float(np.float32(scale * np.abs(codes).mean())))
+               for name, (codes, scale) in ternaries.items()}
+    write_gguf(os.path.join(out, "bitnet-padded-i2_s.gguf"), "bitnet", config, weights, absmean,
+               "I2_S", tok)
 
 
 def make_full_size(directory):
@@ -407,9 +451,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.path.join("tests", "fixtures", "models"))
     parser.add_argument("--full-size", metavar="DIR", help="write a full-size 2B4T checkpoint")
+    parser.add_argument("--padded-only", action="store_true", help="write bitnet-padded only")
     args = parser.parse_args()
     if args.full_size:
         make_full_size(args.full_size)
+    elif args.padded_only:
+        tok = train_tokenizer()
+        make_padded(args.out, tok, prompt_ids(tok))
     else:
         make_small(args.out)
 
