@@ -7,7 +7,8 @@ raises before the model exists, and what was already on the device is freed.
 Scales (docs/models.md): with ``quantization_config.linear_class == "autobitlinear"`` a stored
 ``weight_scale`` is the absmean (W = codes * scale); otherwise (BitLinear) it is 1 / absmean.
 GGUF I2_S holds the absmean; TQ1_0 / TQ2_0 hold one fp16 scale per 256 weights, converted exactly
-when all blocks of a row share it (per-row scales) and refused otherwise."""
+when all blocks of a row share it (per-row scales; blocks of scale 0, all zeros, aside) and refused
+otherwise."""
 import dataclasses
 import json
 import os
@@ -121,13 +122,15 @@ def tq_to_codes(raw, kind, rows, cols, what):
     qtype = GGMLQuantizationType[kind]
     raw = raw.reshape(rows, -1)
     d = raw.reshape(rows, cols // 256, -1)[..., -2:].copy().view("<f2")[..., 0].astype(np.float32)
-    bad = np.flatnonzero((d != d[:, :1]).any(axis=1))
+    # a block of scale 0 holds zeros whatever its codes: it agrees with any row scale
+    nonzero = d != 0
+    scales = d[np.arange(rows), nonzero.argmax(axis=1)]
+    bad = np.flatnonzero((nonzero & (d != scales[:, None])).any(axis=1))
     if bad.size:
         r = bad[0]
         raise UnsupportedError(
             f"{what}: {kind} row {r} has blocks with different scales ({d[r].min()} .. "
             f"{d[r].max()}); only one scale per row is supported (docs/models.md)")
-    scales = d[:, 0].copy()
     codes = np.empty((rows, cols), np.int8)
 
     def convert(span, src):

@@ -392,6 +392,25 @@ def test_gguf_per_block_scales_are_refused(tmp_path):
 
 
 @pytest.mark.cpu
+def test_gguf_block_of_scale_zero_is_zeros(tmp_path):
+    """llama.cpp writes scale 0 for a 256-weight block that is all zeros: such a block agrees with
+    the row's scale, and loads as zero weights."""
+    f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
+    from gguf import GGUFReader
+    tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
+    data = bytearray(f.read_bytes())
+    d_at = tensor.data_offset + 66 + 64  # the fp16 scale of row 0's second block
+    data[d_at:d_at + 2] = np.float16(0).tobytes()
+    f.write_bytes(bytes(data))
+    want = load(fixture("bitnet-packed-tq2_0.gguf")).weights.layers[1].down
+    got = load(f).weights.layers[1].down
+    np.testing.assert_array_equal(got.scales, want.scales)
+    expected = want.unpack()
+    expected[0, 256:512] = 0
+    np.testing.assert_array_equal(got.unpack(), expected)
+
+
+@pytest.mark.cpu
 def test_code_3_in_packed_weights_is_refused(tmp_path):
     d = copy_fixture(tmp_path, "bitnet-packed")
     f = d / "model.safetensors"
