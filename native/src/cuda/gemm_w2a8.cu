@@ -33,17 +33,25 @@ constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the l
 constexpr int kStages = 4;                    /* 128 tokens x 256 rows */
 constexpr int kMidStages = GEMM_MID_STAGES;     /* 128 tokens x 128 rows */
 constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
-/* Compute capability 9.0: the wgmma kernel (gemm_w2a8_sm90.cu) from GEMM_WGMMA_MIN_TOKENS tokens on,
- * except where its 128 x 128 blocks are fewer than half the SMs and K > 4096 (there this kernel, which
- * splits K, was faster). Its blocks: 128 tokens x 256 rows where x takes >= 64 MiB (half the passes over
- * x) and they still number 2 per SM, else 128 x 128 (two per SM). Measured on an H100:
- * docs/log/2026-11-26.md#2026-11-26-30. GEMM_WGMMA_ROWS = 128 or 256 forces the rows (for
- * tools/dev/gemm_variants.sh). */
+/* Compute capability 9.0: the wgmma kernel (gemm_w2a8_sm90.cu) from GEMM_WGMMA_MIN_TOKENS tokens on.
+ * Its blocks: 128 tokens x 256 rows where x takes >= 64 MiB (half the passes over x) and they still
+ * number 2 per SM, else 128 x 128 (two per SM), with K split over clusters where those are too few
+ * for the SMs. Measured on an H100: docs/log/2026-11-26.md#2026-11-26-30 (the tiles),
+ * docs/log/2026-11-27.md#2026-11-27-11 (from 65 tokens, the split: at 17-64 tokens this kernel is
+ * slower on every shape, from 96 faster). GEMM_WGMMA_ROWS = 128 or 256 forces the rows, the
+ * GEMM_WGMMA_SPLIT_* defines set the split's limits (for tools/dev/gemm_variants.sh). */
 #ifndef GEMM_WGMMA_MIN_TOKENS
-#define GEMM_WGMMA_MIN_TOKENS 256
+#define GEMM_WGMMA_MIN_TOKENS 65
 #endif
+
 #ifndef GEMM_WGMMA_ROWS
 #define GEMM_WGMMA_ROWS 0
+#endif
+#ifndef GEMM_WGMMA_SPLIT_BLOCKS
+#define GEMM_WGMMA_SPLIT_BLOCKS 1
+#endif
+#ifndef GEMM_WGMMA_SPLIT_MIN_KTILES
+#define GEMM_WGMMA_SPLIT_MIN_KTILES 4
 #endif
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
@@ -370,11 +378,16 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
-    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && (2 * blocks_128 >= sms || K <= 4096) &&
-        blocks_128 <= INT32_MAX) {
+    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && blocks_128 * 8 <= INT32_MAX) {
         const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
         const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
-        return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 <= sms, s);
+        /* Too few blocks: K split over clusters, up to GEMM_WGMMA_SPLIT_BLOCKS blocks per SM, each
+         * taking at least GEMM_WGMMA_SPLIT_MIN_KTILES tiles of K. */
+        int split = 1;
+        while (rows == 128 && split < 8 && blocks_128 * split * 2 <= GEMM_WGMMA_SPLIT_BLOCKS * sms &&
+               K / kTileK >= GEMM_WGMMA_SPLIT_MIN_KTILES * split * 2)
+            split *= 2;
+        return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 * split <= sms, split, s);
     }
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
      * that still leaves two waves of blocks. */
@@ -383,9 +396,13 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     if (bm == 128 && bn_ceil_div(N, bm) * (int64_t)bn_ceil_div(M, 2 * kRowsPerBlock) >= 2 * sms)
         return launch<128, 2 * kRowsPerBlock, 2, 4, kStages, 1>(device, a, s);
     /* Too few blocks for the GPU (sm_90): K split over clusters of 2 to 8 blocks, each taking at
-     * least 2 tiles of K. */
+     * least 4 tiles of K, up to one block per SM; two where K >= 16384 (there each block still
+     * walks >= 32 tiles: 5120 x 27648 at 17-64 tokens 49 -> 43 us, while two per SM made K = 2560
+     * and 6912 slower, 8 -> 10 and 12 -> 13 us: docs/log/2026-11-27.md#2026-11-27-11). */
+    const int blocks_per_sm = K >= 16384 ? 2 : 1;
     int split = 1;
-    while (major >= 9 && split < 8 && tiles * split * 2 <= sms && K / kTileK >= 4 * split) split *= 2;
+    while (major >= 9 && split < 8 && tiles * split * 2 <= blocks_per_sm * sms && K / kTileK >= 4 * split)
+        split *= 2;
     if (bm == 32) return launch_split<32, 2, 4, kSmallStages>(split, device, a, s);
     if (bm == 64) return launch_split<64, 2, 4, kSmallStages>(split, device, a, s);
     return launch_split<128, 2, 4, kMidStages>(split, device, a, s);

@@ -14,11 +14,13 @@
  *   shared memory as [token][row] and stored from there by 8 consecutive rows per thread.
  * Launched by bn_cuda_gemm_w2a8 (gemm_w2a8.cu) on compute capability 9.0 for large problems.
  * Measured numbers: docs/gemm.md. */
+#include <cooperative_groups.h>
 #include <type_traits>
 
 #include "common.cuh"
 #include "gemm_w2a8.cuh"
 
+namespace cg = cooperative_groups;
 using namespace bn_gemm;
 
 namespace {
@@ -127,9 +129,11 @@ __device__ __forceinline__ void store8(const GemmArgs &a, int n, int m, const ui
 }
 
 /* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). A 1-D
- * grid of token tiles x row tiles, in groups of kGroupTokenTiles token tiles: block b of a group
- * takes token tile b % (tiles in the group) and row tile b / (tiles in the group). */
-template <int MT, int STAGES>
+ * grid of token tiles x row tiles (x SPLIT: the blocks of a cluster take equal shares of K, and the
+ * first adds up the others' dots through distributed shared memory), in groups of kGroupTokenTiles
+ * token tiles: tile b of a group is token tile b % (tiles in the group) and row tile
+ * b / (tiles in the group). */
+template <int MT, int STAGES, int SPLIT>
 __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector) {
     using S = Shape<MT, STAGES>;
     constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes;
@@ -141,20 +145,22 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     const int g = lane / 4, t = lane % 4;
     const int warpgroup = warp / 4, warp_in_group = warp % 4;
     const int row_tiles = (a.M + S::kRows - 1) / S::kRows, token_tiles = (a.N + kTokens - 1) / kTokens;
-    const int group = static_cast<int>(blockIdx.x) / (kGroupTokenTiles * row_tiles);
-    const int in_group = static_cast<int>(blockIdx.x) - group * kGroupTokenTiles * row_tiles;
+    const int tile = static_cast<int>(blockIdx.x) / SPLIT, split = static_cast<int>(blockIdx.x) % SPLIT;
+    const int group = tile / (kGroupTokenTiles * row_tiles);
+    const int in_group = tile - group * kGroupTokenTiles * row_tiles;
     const int group_tiles = min(kGroupTokenTiles, token_tiles - group * kGroupTokenTiles);
     const int token0 = (group * kGroupTokenTiles + in_group % group_tiles) * kTokens;
     const int row0 = in_group / group_tiles * S::kRows;
-    const int k_tiles = a.K / kTileK;
+    const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / SPLIT);
+    const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / SPLIT) - kt0;
     const int64_t w_row_bytes = a.K / 4;
 
     bn_pdl_wait();
 
     /* Thread tid copies x rows tid / 8 + 32 j (chunk tid % 8) and weight rows tid / 2 + 128 j. */
     const int x_r = tid / 8, x_c = tid % 8, w_n = tid / 2, w_h = tid % 2;
-    const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + x_c * 16;
-    const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + w_h * 16;
+    const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + kt0 * kTileK + x_c * 16;
+    const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + kt0 * kTileKBytesW + w_h * 16;
     const int x_dst = x_tile_offset(x_r, x_c), w_dst = kXBytes + w_tile_offset(w_n, w_h);
     auto load_stage = [&](int s, int kt) {
         const uint32_t base = smem_base + s * kStageBytes;
@@ -260,7 +266,35 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
             const int m = row0 + a_row + 64 * mt + 8 * half;
             w_scale[mt][half] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
         }
-    __syncthreads(); /* every warpgroup is done with the stages: they take the epilogue's tile */
+    __syncthreads(); /* every warpgroup is done with the stages: they take the exchange and the epilogue's tile */
+    if constexpr (SPLIT > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        /* exchange[i * kThreads + tid]: dot i of thread tid */
+        int *exchange = reinterpret_cast<int *>(smem);
+        cg::cluster_group cluster = cg::this_cluster();
+        if (split != 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int i = 0; i < 64; i++) exchange[(mt * 64 + i) * kThreads + tid] = acc[mt][i];
+        }
+        cluster.sync();
+        if (split == 0) {
+#pragma unroll 1
+            for (int rank = 1; rank < SPLIT; rank++) {
+                const int *other = cluster.map_shared_rank(exchange, rank);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int i = 0; i < 64; i++) acc[mt][i] += other[(mt * 64 + i) * kThreads + tid];
+            }
+        }
+        cluster.sync(); /* the others' shared memory stays until the first has read it */
+        if (split != 0) return;
+#else
+        __trap();
+#endif
+    }
     uint32_t *out = reinterpret_cast<uint32_t *>(smem);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -288,21 +322,33 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     }
 }
 
-template <int MT, int STAGES>
+template <int MT, int STAGES, int SPLIT>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
     using S = Shape<MT, STAGES>;
-    auto kernel = gemm_w2a8_wgmma<MT, STAGES>;
+    static_assert(MT * 64 * kThreads * 4 <= STAGES * S::kStageBytes, "the split-K exchange");
+    auto kernel = gemm_w2a8_wgmma<MT, STAGES, SPLIT>;
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
     const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
-    const dim3 grid(bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows)); /* <= INT32_MAX: the caller's */
-    BN_CUDA_TRY(bn_launch_pdl(kernel, grid, dim3(kThreads), S::kSharedBytes, stream, a, vector));
+    /* <= INT32_MAX: the caller's */
+    const dim3 grid(bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows) * SPLIT);
+    BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector));
     return BITNET_OK;
+}
+
+template <int STAGES>
+bitnet_status launch_split(int32_t device, const GemmArgs &a, int split, cudaStream_t stream) {
+    switch (split) {
+        case 1: return launch<1, STAGES, 1>(device, a, stream);
+        case 2: return launch<1, STAGES, 2>(device, a, stream);
+        case 4: return launch<1, STAGES, 4>(device, a, stream);
+        default: return launch<1, STAGES, 8>(device, a, stream);
+    }
 }
 
 }  // namespace
 
-bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, bool one_per_sm,
+bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, bool one_per_sm, int split,
                                       cudaStream_t stream) {
-    if (rows == 256) return launch<2, 8>(device, a, stream);
-    return one_per_sm ? launch<1, 10>(device, a, stream) : launch<1, 5>(device, a, stream);
+    if (rows == 256) return launch<2, 8, 1>(device, a, stream);
+    return one_per_sm ? launch_split<10>(device, a, split, stream) : launch_split<5>(device, a, split, stream);
 }
