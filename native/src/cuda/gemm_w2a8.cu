@@ -8,7 +8,8 @@
  *   one shift and one AND per 4 weights, read as unsigned bytes (mma s8.u8). The codes' excess sum(x)
  *   is taken by dp4a from the A fragments, one k32 step in WARPS_N per warp, added up at the end.
  * - Fragments are read one k32 step ahead of the mma. Few blocks for the GPU (sm_90): K is split over a
- *   thread-block cluster, whose first block adds up the partial dots through distributed shared memory.
+ *   thread-block cluster whose blocks add up the partial dots through distributed shared memory, each
+ *   a share of the outputs.
  * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
  * The packed weights are the GEMV's: no second copy. Measured numbers: docs/gemm.md. */
 #include <cooperative_groups.h>
@@ -131,8 +132,8 @@ struct Tiles {
 
 /* Blocks: x = token tiles times SPLIT (fastest, so that the blocks running at once share weight
  * rows and the weights are read from DRAM about once), y = row tiles. SPLIT > 1 (sm_90): the SPLIT
- * blocks of a cluster take equal shares of K, and the first adds up the others' partial dots from
- * their shared memory (exact int32) before it stores the outputs. */
+ * blocks of a cluster take equal shares of K, then each adds up a SPLIT-th of the outputs over the
+ * others' partial dots in their shared memory (exact int32) and stores it. */
 template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int SPLIT>
 __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const GemmArgs a) {
     using T = Tiles<BM, BN, WARPS_M, WARPS_N, STAGES, SPLIT>;
@@ -275,32 +276,35 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     }
     if constexpr (SPLIT > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* exchange[i * threads + tid]: dot i of thread tid, after the x sums */
+        /* exchange[i * threads + tid]: dot i of thread tid, after the x sums. Every block of the
+         * cluster puts its dots there; each then adds up the output pairs (mi, half, ni) numbered
+         * split mod SPLIT over the others' dots, read through distributed shared memory, and stores
+         * those pairs. */
         int *exchange = sums + WARPS_N * BM;
         cg::cluster_group cluster = cg::this_cluster();
-        if (split != 0) {
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < T::kNI; ni++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) exchange[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid] = acc[mi][ni][e];
+        cluster.sync();
+#pragma unroll 1
+        for (int rank = 1; rank < SPLIT; rank++) {
+            const int *other = cluster.map_shared_rank(exchange, (split + rank) % SPLIT);
 #pragma unroll
             for (int mi = 0; mi < T::kMI; mi++)
 #pragma unroll
-                for (int ni = 0; ni < T::kNI; ni++)
+                for (int half = 0; half < 2; half++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) exchange[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid] = acc[mi][ni][e];
+                    for (int ni = 0; ni < T::kNI; ni++) {
+                        if (((mi * 2 + half) * T::kNI + ni) % SPLIT != split) continue;
+#pragma unroll
+                        for (int e = 2 * half; e < 2 * half + 2; e++)
+                            acc[mi][ni][e] += other[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid];
+                    }
         }
-        cluster.sync();
-        if (split == 0) {
-#pragma unroll 1
-            for (int rank = 1; rank < SPLIT; rank++) {
-                const int *other = cluster.map_shared_rank(exchange, rank);
-#pragma unroll
-                for (int mi = 0; mi < T::kMI; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < T::kNI; ni++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) acc[mi][ni][e] += other[((mi * T::kNI + ni) * 4 + e) * T::kThreads + tid];
-            }
-        }
-        cluster.sync(); /* the others' shared memory stays until the first has read it */
-        if (split != 0) return;
+        cluster.sync(); /* every block's dots stay until the others have read them */
 #else
         __trap();
 #endif
@@ -324,7 +328,7 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 #pragma unroll
             for (int ni = 0; ni < T::kNI; ni++) {
                 const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
-                if (m >= a.M) continue;
+                if (m >= a.M || ((mi * 2 + half) * T::kNI + ni) % SPLIT != split) continue;
                 store_pair(a, n, m, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1], w_scale[ni][0],
                            w_scale[ni][1], x_scale, m + 1 < a.M);
             }

@@ -129,8 +129,8 @@ __device__ __forceinline__ void store8(const GemmArgs &a, int n, int m, const ui
 }
 
 /* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). A 1-D
- * grid of token tiles x row tiles (x SPLIT: the blocks of a cluster take equal shares of K, and the
- * first adds up the others' dots through distributed shared memory), in groups of kGroupTokenTiles
+ * grid of token tiles x row tiles (x SPLIT: the blocks of a cluster take equal shares of K, then each
+ * adds up one SPLIT-th of the tile over the cluster's blocks), in groups of kGroupTokenTiles
  * token tiles: tile b of a group is token tile b % (tiles in the group) and row tile
  * b / (tiles in the group). */
 template <int MT, int STAGES, int SPLIT>
@@ -266,31 +266,51 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
             const int m = row0 + a_row + 64 * mt + 8 * half;
             w_scale[mt][half] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
         }
-    __syncthreads(); /* every warpgroup is done with the stages: they take the exchange and the epilogue's tile */
+    __syncthreads(); /* every warpgroup is done with the stages: they take the epilogue's tile */
     if constexpr (SPLIT > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* exchange[i * kThreads + tid]: dot i of thread tid */
-        int *exchange = reinterpret_cast<int *>(smem);
+        /* Every block of the cluster puts its dots in its partial tile; each then adds up and stores
+         * one SPLIT-th of the chunks, reading the others' partial tiles through distributed shared
+         * memory. */
+        uint32_t *partial = reinterpret_cast<uint32_t *>(smem);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+#pragma unroll
+                for (int j = 0; j < 16; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        partial[(8 * j + 2 * t + e) * S::kOutStride + a_row + 64 * mt + 8 * half] =
+                            static_cast<uint32_t>(acc[mt][4 * j + 2 * half + e]);
         cg::cluster_group cluster = cg::this_cluster();
-        if (split != 0) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int i = 0; i < 64; i++) exchange[(mt * 64 + i) * kThreads + tid] = acc[mt][i];
-        }
         cluster.sync();
-        if (split == 0) {
+        constexpr int kChunks = S::kRows / 8;
 #pragma unroll 1
-            for (int rank = 1; rank < SPLIT; rank++) {
-                const int *other = cluster.map_shared_rank(exchange, rank);
+        for (int c = split * kThreads + tid; c < kTokens * kChunks; c += SPLIT * kThreads) {
+            const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
+            const int n = token0 + n_local, m = row0 + m_local;
+            if (n >= a.N || m >= a.M) continue;
+            int dot[8] = {};
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+            for (int rank = 0; rank < SPLIT; rank++) {
+                const uint4 *src = reinterpret_cast<const uint4 *>(cluster.map_shared_rank(partial, rank) +
+                                                                   n_local * S::kOutStride + m_local);
+                const uint4 lo = src[0], hi = src[1];
+                const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-                    for (int i = 0; i < 64; i++) acc[mt][i] += other[(mt * 64 + i) * kThreads + tid];
+                for (int i = 0; i < 8; i++) dot[i] += static_cast<int>(w[i]);
             }
+            uint32_t v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                v[i] = scaled_out ? __float_as_uint(scaled(dot[i], m + i < a.M ? a.w_scales[m + i] : 0.0f, a.x_scales[n]))
+                                  : static_cast<uint32_t>(dot[i]);
+            store8(a, n, m, make_uint4(v[0], v[1], v[2], v[3]), make_uint4(v[4], v[5], v[6], v[7]),
+                   vector && m + 8 <= a.M);
         }
-        cluster.sync(); /* the others' shared memory stays until the first has read it */
-        if (split != 0) return;
+        cluster.sync(); /* every block's partial tile stays until the others have read it */
+        return;
 #else
         __trap();
 #endif
@@ -325,7 +345,6 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
 template <int MT, int STAGES, int SPLIT>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
     using S = Shape<MT, STAGES>;
-    static_assert(MT * 64 * kThreads * 4 <= STAGES * S::kStageBytes, "the split-K exchange");
     auto kernel = gemm_w2a8_wgmma<MT, STAGES, SPLIT>;
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
     const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
