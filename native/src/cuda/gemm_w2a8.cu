@@ -39,8 +39,8 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
  * number 2 per SM, else 128 x 128 (two per SM), with K split over clusters where those are too few
  * for the SMs. Measured on an H100: docs/log/2026-11-26.md#2026-11-26-30 (the tiles),
  * docs/log/2026-11-27.md#2026-11-27-11 (from 65 tokens, the split: at 17-64 tokens this kernel is
- * slower on every shape, from 96 faster). GEMM_WGMMA_ROWS = 128 or 256 forces the rows, the
- * GEMM_WGMMA_SPLIT_* defines set the split's limits (for tools/dev/gemm_variants.sh). */
+ * slower on every shape, from 96 faster). GEMM_WGMMA_ROWS = 128 or 256 forces the rows (for
+ * tools/dev/gemm_variants.sh). */
 #ifndef GEMM_WGMMA_MIN_TOKENS
 #define GEMM_WGMMA_MIN_TOKENS 65
 #endif
@@ -48,12 +48,7 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
 #ifndef GEMM_WGMMA_ROWS
 #define GEMM_WGMMA_ROWS 0
 #endif
-#ifndef GEMM_WGMMA_SPLIT_BLOCKS
-#define GEMM_WGMMA_SPLIT_BLOCKS 1
-#endif
-#ifndef GEMM_WGMMA_SPLIT_MIN_KTILES
-#define GEMM_WGMMA_SPLIT_MIN_KTILES 4
-#endif
+
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
     BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -385,12 +380,16 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && blocks_128 * 8 <= INT32_MAX) {
         const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
         const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
-        /* Too few blocks: K split over clusters, up to GEMM_WGMMA_SPLIT_BLOCKS blocks per SM, each
-         * taking at least GEMM_WGMMA_SPLIT_MIN_KTILES tiles of K. */
+        /* Too few blocks: K split over clusters, up to one block per SM with >= 4 tiles of K each,
+         * or up to three with >= 16 (uneven waves of long blocks: 2560 x 6912 at 960 tokens 56.6 ->
+         * 47.5 us, where shorter blocks or more of them were slower: log 2026-11-27-13). */
         int split = 1;
-        while (rows == 128 && split < 8 && blocks_128 * split * 2 <= GEMM_WGMMA_SPLIT_BLOCKS * sms &&
-               K / kTileK >= GEMM_WGMMA_SPLIT_MIN_KTILES * split * 2)
+        while (rows == 128 && split < 8) {
+            const int64_t blocks = blocks_128 * split * 2;
+            const int k_tiles = K / kTileK / (split * 2);
+            if (!(blocks <= sms ? k_tiles >= 4 : blocks <= 3 * sms && k_tiles >= 16)) break;
             split *= 2;
+        }
         return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 * split <= sms, split, s);
     }
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
