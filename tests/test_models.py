@@ -375,17 +375,24 @@ def test_gguf_unknown_architecture_and_type_are_refused(tmp_path):
         load(f)
 
 
-@pytest.mark.cpu
-def test_gguf_per_block_scales_are_refused(tmp_path):
-    """TQ2_0 rows whose 256-weight blocks have different scales cannot be held exactly with one
-    scale per row: refused, not rounded."""
+def tq2_with_block_scale(tmp_path, scale):
+    """bitnet-packed's TQ2_0 file with the fp16 scale of blk.1.ffn_down's row 0, second block,
+    set to `scale`."""
     f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
     from gguf import GGUFReader
     tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
     data = bytearray(f.read_bytes())
-    d_at = tensor.data_offset + 66 + 64  # the fp16 scale of row 0's second block
-    data[d_at:d_at + 2] = np.float16(0.1).tobytes()
+    d_at = tensor.data_offset + 66 + 64
+    data[d_at:d_at + 2] = np.float16(scale).tobytes()
     f.write_bytes(bytes(data))
+    return f
+
+
+@pytest.mark.cpu
+def test_gguf_per_block_scales_are_refused(tmp_path):
+    """TQ2_0 rows whose 256-weight blocks have different scales cannot be held exactly with one
+    scale per row: refused, not rounded."""
+    f = tq2_with_block_scale(tmp_path, 0.1)
     with pytest.raises(UnsupportedError, match=r"tensor blk\.1\.ffn_down\.weight: TQ2_0 row 0 has "
                                                "blocks with different scales"):
         load(f)
@@ -395,13 +402,7 @@ def test_gguf_per_block_scales_are_refused(tmp_path):
 def test_gguf_block_of_scale_zero_is_zeros(tmp_path):
     """llama.cpp writes scale 0 for a 256-weight block that is all zeros: such a block agrees with
     the row's scale, and loads as zero weights."""
-    f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
-    from gguf import GGUFReader
-    tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
-    data = bytearray(f.read_bytes())
-    d_at = tensor.data_offset + 66 + 64  # the fp16 scale of row 0's second block
-    data[d_at:d_at + 2] = np.float16(0).tobytes()
-    f.write_bytes(bytes(data))
+    f = tq2_with_block_scale(tmp_path, 0)
     want = load(fixture("bitnet-packed-tq2_0.gguf")).weights.layers[1].down
     got = load(f).weights.layers[1].down
     np.testing.assert_array_equal(got.scales, want.scales)

@@ -89,8 +89,10 @@ def test_1bitllm_configs_get_their_padded_sizes():
 
 
 @pytest.mark.cpu
-def test_tensor_parallelism_refuses_a_padded_layout():
+def test_tensor_parallelism_splits_the_padded_layout():
     from bitnet_ffi.errors import UnsupportedError
     from bitnet_ffi.tensor_parallel import split
-    with pytest.raises(UnsupportedError, match="padded layout"):
-        split(dataclasses.replace(TINY, intermediate=400), 2)
+    c = dataclasses.replace(TINY, intermediate=400)
+    with pytest.raises(UnsupportedError, match="run in a padded layout"):
+        split(c, 2)
+    assert split(padded_config(c), 2).intermediate == (256, 256)

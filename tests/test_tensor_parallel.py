@@ -282,12 +282,14 @@ def _checkpoint_run(group, path, steps):
 
 
 @pytest.mark.cpu
-def test_checkpoint_shards_match_one_rank_on_simulated_ranks():
-    """A real checkpoint (the bitnet-packed fixture, 2B4T's layout) loaded by each rank and split
-    over 2 simulated ranks: the ranks agree bit for bit and stay within LOGIT_BOUND of one rank;
-    one rank's greedy tokens are the unsplit model's (Model.generate)."""
+@pytest.mark.parametrize("name", ["bitnet-packed", "bitnet-padded"])
+def test_checkpoint_shards_match_one_rank_on_simulated_ranks(name):
+    """A real checkpoint (bitnet-packed: 2B4T's layout; bitnet-padded: 1bitLLM's, run padded)
+    loaded by each rank and split over 2 simulated ranks: the ranks agree bit for bit and stay
+    within LOGIT_BOUND of one rank; one rank's greedy tokens are the unsplit model's
+    (Model.generate)."""
     from bitnet_ffi.generate import Model
-    path = os.path.join(FIXTURES, "bitnet-packed")
+    path = os.path.join(FIXTURES, name)
     prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
     one = Model.load(path, device="cpu", progress=False).generate(prompt, max_tokens=6,
                                                                    stop=False)[0].ids
@@ -302,12 +304,13 @@ def test_checkpoint_shards_match_one_rank_on_simulated_ranks():
 
 
 @pytest.mark.cpu
-def test_load_shard_equals_the_shard_of_the_whole_loaded_model():
+@pytest.mark.parametrize("name", ["bitnet-packed", "bitnet-padded"])
+def test_load_shard_equals_the_shard_of_the_whole_loaded_model(name):
     """load_shard slices each layer as the loader reads it: the same arrays as shard_weights of
     the whole model."""
     import dataclasses
     from bitnet_ffi.loader import open_source
-    path = os.path.join(FIXTURES, "bitnet-packed")
+    path = os.path.join(FIXTURES, name)
     whole = open_source(path).load(CPU, progress=False)
     for rank in (0, 1):
         a, b = tp.load_shard(path, rank, 2, CPU), tp.shard_weights(whole, rank, 2, CPU)

@@ -267,25 +267,30 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
             w_scale[mt][half] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
         }
     __syncthreads(); /* every warpgroup is done with the stages: they take the epilogue's tile */
+    /* The tile holds the outputs, or with SPLIT > 1 this block's int32 dots, which the cluster adds
+     * up below before scaling them. */
+    const bool scale_here = SPLIT == 1 && scaled_out;
+    uint32_t *out = reinterpret_cast<uint32_t *>(smem);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int half = 0; half < 2; half++)
+#pragma unroll
+            for (int j = 0; j < 16; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int dot = acc[mt][4 * j + 2 * half + e];
+                    out[(8 * j + 2 * t + e) * S::kOutStride + a_row + 64 * mt + 8 * half] =
+                        scale_here ? __float_as_uint(scaled(dot, w_scale[mt][half], x_scale[j][e]))
+                                   : static_cast<uint32_t>(dot);
+                }
+    constexpr int kChunks = S::kRows / 8;
     if constexpr (SPLIT > 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* Every block of the cluster puts its dots in its partial tile; each then adds up and stores
-         * one SPLIT-th of the chunks, reading the others' partial tiles through distributed shared
-         * memory. */
-        uint32_t *partial = reinterpret_cast<uint32_t *>(smem);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int half = 0; half < 2; half++)
-#pragma unroll
-                for (int j = 0; j < 16; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        partial[(8 * j + 2 * t + e) * S::kOutStride + a_row + 64 * mt + 8 * half] =
-                            static_cast<uint32_t>(acc[mt][4 * j + 2 * half + e]);
+        /* Each block of the cluster adds up and stores one SPLIT-th of the chunks, reading the
+         * others' tiles through distributed shared memory. */
         cg::cluster_group cluster = cg::this_cluster();
         cluster.sync();
-        constexpr int kChunks = S::kRows / 8;
 #pragma unroll 1
         for (int c = split * kThreads + tid; c < kTokens * kChunks; c += SPLIT * kThreads) {
             const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
@@ -294,7 +299,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
             int dot[8] = {};
 #pragma unroll
             for (int rank = 0; rank < SPLIT; rank++) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(cluster.map_shared_rank(partial, rank) +
+                const uint4 *src = reinterpret_cast<const uint4 *>(cluster.map_shared_rank(out, rank) +
                                                                    n_local * S::kOutStride + m_local);
                 const uint4 lo = src[0], hi = src[1];
                 const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -309,29 +314,14 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
             store8(a, n, m, make_uint4(v[0], v[1], v[2], v[3]), make_uint4(v[4], v[5], v[6], v[7]),
                    vector && m + 8 <= a.M);
         }
-        cluster.sync(); /* every block's partial tile stays until the others have read it */
+        cluster.sync(); /* every block's tile stays until the others have read it */
         return;
 #else
         __trap();
 #endif
     }
-    uint32_t *out = reinterpret_cast<uint32_t *>(smem);
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int half = 0; half < 2; half++)
-#pragma unroll
-            for (int j = 0; j < 16; j++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int dot = acc[mt][4 * j + 2 * half + e];
-                    out[(8 * j + 2 * t + e) * S::kOutStride + a_row + 64 * mt + 8 * half] =
-                        scaled_out ? __float_as_uint(scaled(dot, w_scale[mt][half], x_scale[j][e]))
-                                   : static_cast<uint32_t>(dot);
-                }
     __syncthreads();
     /* Thread tid stores rows 8 (c % (kRows / 8)) .. + 7 of token c / (kRows / 8), c = tid + kThreads i. */
-    constexpr int kChunks = S::kRows / 8;
 #pragma unroll 4
     for (int c = tid; c < kTokens * kChunks; c += kThreads) {
         const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
