@@ -73,10 +73,8 @@ def split(config, world):
     c = config
     problems = []
     if padded_config(c) is not c:
-        problems.append(f"head dim {c.head_dim} and intermediate {c.intermediate} need the padded "
-                        "layout (padding.py), which is not split across ranks")
-    if c.heads * c.head_dim != c.hidden:
-        problems.append("heads * head_dim must equal hidden")
+        problems.append(f"head dim {c.head_dim} and intermediate {c.intermediate} run in a padded "
+                        "layout: split padded_config(config)")
     if c.heads % c.kv_heads:
         problems.append(f"heads = {c.heads} is not a multiple of kv_heads = {c.kv_heads}")
     if c.kv_heads < world:
@@ -149,11 +147,11 @@ class _Slicer:
 
     def layer(self, layer):
         """The ShardLayer of one full layer (model.Layer of numpy arrays)."""
-        c, H, I = self.config, self.config.hidden, self.config.intermediate
+        c, Q, I = self.config, self.config.q_dim, self.config.intermediate
         q0, q, k0, kv, f0, inter = self.q0, self.q, self.k0, self.kv, self.f0, self.inter
         return ShardLayer(
-            qkv=self.rows(layer.qkv, [(q0, q0 + q), (H + k0, H + k0 + kv),
-                                      (H + c.kv_dim + k0, H + c.kv_dim + k0 + kv)]),
+            qkv=self.rows(layer.qkv, [(q0, q0 + q), (Q + k0, Q + k0 + kv),
+                                      (Q + c.kv_dim + k0, Q + c.kv_dim + k0 + kv)]),
             o=self.cols(layer.o, q0, q),
             gate_up=self.rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
             down=self.cols(layer.down, f0, inter),
@@ -188,7 +186,7 @@ def load_shard(path, rank, world, device):
     if not source.config.sub_norms:
         raise UnsupportedError(f"{path}: tensor parallelism needs BitNet's sub-norms before o and "
                                f"down; this model has none (Llama layout)")
-    slicer = _Slicer(source.config, rank, world, device)
+    slicer = _Slicer(padded_config(source.config), rank, world, device)
     weights = source.load(CPU, progress=False, each_layer=slicer.layer)
     return slicer.shard(weights, weights.layers)
 
@@ -296,7 +294,7 @@ class TPSession:
         # part: o's or down's float32 partial sums [H], then the slice's sum of squares
         b = {"ids": self.alloc((1,), "int32"), "h": self.alloc((1, H), BF16),
              "proj": self.alloc((1, H), BF16), "part": self.alloc((H + 1,), "float32"),
-             "x_q": self.alloc((1, max(H, I)), "int8"), "x_s": self.alloc((1,), "float32"),
+             "x_q": self.alloc((1, max(H, I, c.q_dim)), "int8"), "x_s": self.alloc((1,), "float32"),
              "qkv": self.alloc((1, (hq + 2 * hkv) * D), BF16),
              "attn": self.alloc((1, 1, hq, D), BF16),
              "gate_up": self.alloc((1, 2 * sp.intermediate[r]), BF16),
@@ -397,14 +395,15 @@ class TPSession:
             rope_append_kv(b["qkv_heads"], self.k_cache[index],
                            self.v_cache[index], self.positions, theta=c.theta, out=b["q"], **kw)
             attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
-                      seq_lens=self.seq_lens, out=b["attn"], workspace=b["workspace"], **kw)
+                      scale=c.attention_scale, seq_lens=self.seq_lens, out=b["attn"],
+                      workspace=b["workspace"], **kw)
             self.row_parallel(layer.o, b["attn"].reshape(1, -1), layer.attn_sub_norm, None,
-                              c.hidden)
+                              c.q_dim, c.attn_sub_eps)
             rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
                              out=(x_q, x_s), **kw)
             gemv_w2a8(layer.gate_up, x_q, x_s, out_dtype=BF16, out=b["gate_up"], **kw)
             self.row_parallel(layer.down, b["gate_up"], layer.ffn_sub_norm, c.activation,
-                              c.intermediate)
+                              c.intermediate, c.ffn_sub_eps)
             residual = b["h"]
         add_rmsnorm(b["proj"], b["h"], s.final_norm, eps=c.eps, out=b["y"], **kw)
         gemv_bf16(s.head, b["y"], out=b["logits_part"], **kw)
@@ -418,14 +417,15 @@ class TPSession:
         add_int32(self.positions, 1, **kw)
         add_int32(self.seq_lens, 1, **kw)
 
-    def row_parallel(self, weights, x, norm_weight, activation, width):
+    def row_parallel(self, weights, x, norm_weight, activation, width, eps):
         """b["proj"] = W subnorm(v) for the input-column-split W, v this rank's slice of a row of
-        `width` (x itself, or with an activation the GLU gate of the gate|up projection x). On one
+        `width` (x itself, or with an activation the GLU gate of the gate|up projection x), the
+        norm's eps `eps` (the config's sub-norm eps, which a padded layout scales). On one
         rank the unsplit model's ops: the norm, int8, the GEMV into bfloat16. Otherwise the
         norm's first half on the slice (its own int8 scale), this rank's float32 partial sums
         with the slice's sum of squares after them, and the all-reduce that sums both and
         divides by the whole row's RMS."""
-        b, st, eps = self.b, self.stream, self.config.eps
+        b, st = self.b, self.stream
         cols = x.shape[-1] // (2 if activation else 1)
         x_q, x_s = _cols(b["x_q"], cols), b["x_s"]
         if self.solo:
