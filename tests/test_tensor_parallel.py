@@ -504,15 +504,17 @@ def test_tp_logits_match_one_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-def test_generate_tp_on_two_gpus_runs_a_checkpoint(capsys):
-    """`generate --tp 2` on the bitnet-packed fixture: every rank loads it and uploads its shard;
-    the ranks' tokens agree, greedy and sampled (run_ranks' rank 0 is printed), and the first
-    greedy token is the one-GPU model's (a clear top-2 margin in the fixture)."""
+@pytest.mark.parametrize("name", ["bitnet-packed", "bitnet-padded"])
+def test_generate_tp_on_two_gpus_runs_a_checkpoint(name, capsys):
+    """`generate --tp 2` on a fixture (bitnet-padded: split in its padded layout): every rank
+    loads it and uploads its shard; the ranks' tokens agree, greedy and sampled (run_ranks' rank 0
+    is printed), and the first greedy token is the one-GPU model's (a clear top-2 margin in both
+    fixtures)."""
     from bitnet_ffi import cli
     from bitnet_ffi.generate import Model
     if _gpus() < 2:
         pytest.skip(f"needs 2 GPUs, found {_gpus()}")
-    path = os.path.join(FIXTURES, "bitnet-packed")
+    path = os.path.join(FIXTURES, name)
     prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
     ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer"), timeout=120)
     assert ranks[0][0] == ranks[1][0] and len(ranks[0][0]) == 6
