@@ -504,18 +504,19 @@ def test_tp_logits_match_one_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("name", ["bitnet-packed", "bitnet-padded"])
-def test_generate_tp_on_two_gpus_runs_a_checkpoint(name, capsys):
+@pytest.mark.parametrize("name, prompt_key", [("bitnet-packed", "prompt0"),
+                                              ("bitnet-padded", "prompt1")])
+def test_generate_tp_on_two_gpus_runs_a_checkpoint(name, prompt_key, capsys):
     """`generate --tp 2` on a fixture (bitnet-padded: split in its padded layout): every rank
     loads it and uploads its shard; the ranks' tokens agree, greedy and sampled (run_ranks' rank 0
-    is printed), and the first greedy token is the one-GPU model's (a clear top-2 margin in both
-    fixtures)."""
+    is printed), and the first greedy token is the one-GPU model's (the prompts whose first token
+    has a clear top-2 margin in transformers' logits: 0.29 and 0.24 standard deviations)."""
     from bitnet_ffi import cli
     from bitnet_ffi.generate import Model
     if _gpus() < 2:
         pytest.skip(f"needs 2 GPUs, found {_gpus()}")
     path = os.path.join(FIXTURES, name)
-    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
+    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))[prompt_key]]
     ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer"), timeout=120)
     assert ranks[0][0] == ranks[1][0] and len(ranks[0][0]) == 6
     one = Model.load(path, device="cuda", progress=False).generate(prompt, max_tokens=1)[0].ids
