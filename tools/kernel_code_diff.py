@@ -49,9 +49,12 @@ def main():
     parser.add_argument("source", help="a CUDA source of this repository, e.g. native/src/cuda/rmsnorm.cu")
     parser.add_argument("--ref", default="HEAD", help="the git revision to compare with (default HEAD)")
     parser.add_argument("--with", dest="other", help="compare REF with this file instead of the tree's")
-    parser.add_argument("--arch", default="90", help="the SM architecture to compile for (default 90)")
+    parser.add_argument("--arch", help="the SM architecture to compile for (default 90; 90a for the "
+                        "Hopper-only sources, *_sm90.cu, which the Makefile builds for sm_90a alone: "
+                        "for sm_90 their wgmma code compiles to traps)")
     args = parser.parse_args()
     relative = Path(args.source).resolve().relative_to(REPO).as_posix()
+    args.arch = args.arch or ("90a" if relative.endswith("_sm90.cu") else "90")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         archive = subprocess.run(["git", "archive", args.ref, "native"], cwd=REPO, capture_output=True,
