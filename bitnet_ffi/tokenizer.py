@@ -1,5 +1,6 @@
 """Text to token ids and back with Hugging Face ``tokenizers``: from a model directory's
-tokenizer.json, or built from the vocabulary, merges and special tokens a GGUF file embeds. Also
+tokenizer.json (or sentencepiece tokenizer.model), or built from the vocabulary, merges and special
+tokens a GGUF file embeds. Also
 the chat format: the files' jinja2 chat template, else BitNet b1.58 2B4T's."""
 import json
 import os
@@ -26,12 +27,18 @@ class Tokenizer:
 
     @classmethod
     def from_directory(cls, directory, config=None):
+        """tokenizer.json, or where there is none a sentencepiece tokenizer.model (1bitLLM's,
+        Llama 2's), with the special tokens of tokenizer_config.json and generation_config.json."""
         from tokenizers import Tokenizer as HFTokenizer
         path = os.path.join(directory, "tokenizer.json")
-        try:
-            tokenizer = HFTokenizer.from_file(path)
-        except Exception as exc:
-            raise CorruptFileError(f"{path}: not a readable tokenizer.json ({exc})") from None
+        model_path = os.path.join(directory, "tokenizer.model")
+        if not os.path.exists(path) and os.path.exists(model_path):
+            path, tokenizer = model_path, _from_sentencepiece_model(model_path)
+        else:
+            try:
+                tokenizer = HFTokenizer.from_file(path)
+            except Exception as exc:
+                raise CorruptFileError(f"{path}: not a readable tokenizer.json ({exc})") from None
         settings = {}
         for name in ("tokenizer_config.json", "generation_config.json"):
             try:
@@ -60,7 +67,6 @@ class Tokenizer:
     def from_gguf(cls, metadata, source="GGUF"):
         """The tokenizer a GGUF file embeds: llama.cpp's byte-level BPE ('gpt2') or its
         sentencepiece BPE ('llama')."""
-        from tokenizers import AddedToken
         kind = metadata.get("tokenizer.ggml.model")
         pre = metadata.get("tokenizer.ggml.pre", "default")
         if not (kind == "llama" or kind == "gpt2" and pre in GGUF_PRE_TOKENIZERS):
@@ -72,9 +78,7 @@ class Tokenizer:
             raise CorruptFileError(f"{source}: tokenizer.ggml.tokens is missing")
         tokenizer = _sentencepiece_bpe(metadata, tokens, source) if kind == "llama" else \
             _byte_level_bpe(metadata, tokens, pre, source)
-        types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                      for t, kind in zip(tokens, types) if kind in (3, 4)])
+        _add_special_tokens(tokenizer, tokens, metadata.get("tokenizer.ggml.token_type"))
         stops = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
         if tokenizer.token_to_id(EOT) is not None:
             stops.append(tokenizer.token_to_id(EOT))
@@ -113,6 +117,52 @@ class Tokenizer:
     def chat(self, messages, add_generation_prompt=True):
         """Token ids of chat_text (special tokens in it are read as such)."""
         return self.encode(self.chat_text(messages, add_generation_prompt), bos=False)
+
+
+def _add_special_tokens(tokenizer, tokens, types):
+    """The control (3) and user-defined (4) tokens, by sentencepiece's and GGUF's token types, as
+    special tokens: read whole in a text, left out of decoded text."""
+    from tokenizers import AddedToken
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t, kind in zip(tokens, types or ()) if kind in (3, 4)])
+
+
+def _from_sentencepiece_model(path):
+    """A sentencepiece tokenizer.model, read with sentencepiece's own protobuf schema and built as
+    a GGUF 'llama' tokenizer is (_sentencepiece_bpe: the same pieces, scores and types; llama.cpp's
+    converter copies them so). BPE models with the identity normalization only, as Llama 2's."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError as exc:
+        raise UnsupportedError(f"{path}: a sentencepiece tokenizer.model needs the sentencepiece "
+                               f"and protobuf packages (pip install 'bitnet-ffi[models]'): "
+                               f"{exc}") from None
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        with open(path, "rb") as f:
+            model.ParseFromString(f.read())
+    except Exception as exc:
+        raise CorruptFileError(f"{path}: not a sentencepiece model ({exc})") from None
+    if not model.pieces:
+        raise CorruptFileError(f"{path}: a sentencepiece model without pieces")
+    trainer, normalizer = model.trainer_spec, model.normalizer_spec
+    if trainer.model_type != trainer.BPE:
+        raise UnsupportedError(f"{path}: sentencepiece model type "
+                               f"{trainer.ModelType.Name(trainer.model_type)} is not supported "
+                               "(BPE only)")
+    if normalizer.name not in ("", "identity") or normalizer.remove_extra_whitespaces:
+        raise UnsupportedError(f"{path}: sentencepiece normalization {normalizer.name!r} "
+                               f"(remove_extra_whitespaces {normalizer.remove_extra_whitespaces})"
+                               " is not supported (identity only)")
+    tokens = [p.piece for p in model.pieces]
+    types = [p.type for p in model.pieces]
+    unknown = [i for i, kind in enumerate(types) if kind == 2]
+    tokenizer = _sentencepiece_bpe({"tokenizer.ggml.scores": [p.score for p in model.pieces],
+                                    "tokenizer.ggml.unknown_token_id": unknown[0] if unknown else None,
+                                    "tokenizer.ggml.add_space_prefix": normalizer.add_dummy_prefix},
+                                   tokens, path)
+    _add_special_tokens(tokenizer, tokens, types)
+    return tokenizer
 
 
 def _byte_level_bpe(metadata, tokens, pre, source):

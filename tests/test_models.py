@@ -498,6 +498,62 @@ def test_gguf_sentencepiece_tokenizer_matches_llama_cpp_algorithm():
         Tokenizer.from_gguf(metadata)
 
 
+def train_sentencepiece(path, **options):
+    """A sentencepiece BPE model of Llama 2's kind (byte fallback, identity normalization, digits
+    split) trained on the fixtures' corpus, written to `path`."""
+    import io
+    import sentencepiece
+    model = io.BytesIO()
+    settings = dict(model_type="bpe", vocab_size=420, byte_fallback=True, split_digits=True,
+                    normalization_rule_name="identity", hard_vocab_limit=False,
+                    allow_whitespace_only_pieces=True, remove_extra_whitespaces=False)
+    settings.update(options)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(fixture_writer().CORPUS.splitlines() * 4), model_writer=model,
+        minloglevel=2, **settings)
+    path.write_bytes(model.getvalue())
+
+
+@pytest.mark.cpu
+def test_sentencepiece_tokenizer_model_matches_sentencepiece(tmp_path):
+    """A model directory with tokenizer.model and no tokenizer.json (1bitLLM's, Llama 2's files):
+    its ids are sentencepiece's own, its text too but for the space of the dummy prefix, which
+    decoding keeps (as for a GGUF 'llama' tokenizer: a continuation keeps its leading space), and
+    the model loads and generates with it."""
+    import sentencepiece
+    d = copy_fixture(tmp_path, "bitnet-padded")
+    (d / "tokenizer.json").unlink()
+    train_sentencepiece(d / "tokenizer.model")
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(d / "tokenizer.model"))
+    tok = Tokenizer.from_directory(str(d))
+    for text in [t for t in SENTENCEPIECE_TEXTS if "<s>" not in t] + ["  two  spaces", "x\ty\nz"]:
+        ids = tok.encode(text, bos=False)
+        assert ids == processor.encode(text), text
+        prefix = " " if ids and processor.id_to_piece(ids[0]).startswith("\u2581") else ""
+        assert tok.decode(ids) == prefix + processor.decode(ids), text
+    model = Model.load(str(d), device="cpu", progress=False)
+    result = model.generate([model.tokenizer.encode("The quick brown fox")], max_tokens=4,
+                            stop=False)[0]
+    assert len(result.ids) == 4 and result.text == model.tokenizer.decode(result.ids)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("options, error, message", [
+    ({"model_type": "unigram"}, UnsupportedError, "model type UNIGRAM is not supported"),
+    ({"normalization_rule_name": "nmt_nfkc"}, UnsupportedError, "normalization 'nmt_nfkc'"),
+    (None, CorruptFileError, "not a sentencepiece model"),
+])
+def test_sentencepiece_tokenizer_model_refuses_what_it_cannot_read(tmp_path, options, error,
+                                                                    message):
+    path = tmp_path / "tokenizer.model"
+    if options is None:
+        path.write_bytes(b"\x0a\xff\xff not a model")
+    else:
+        train_sentencepiece(path, **options)
+    with pytest.raises(error, match=message):
+        Tokenizer.from_directory(str(tmp_path))
+
+
 @pytest.mark.cpu
 def test_chat_format_and_template():
     tok = Tokenizer.from_directory(fixture("bitnet-packed"))
