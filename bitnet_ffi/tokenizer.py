@@ -76,7 +76,7 @@ class Tokenizer:
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not tokens:
             raise CorruptFileError(f"{source}: tokenizer.ggml.tokens is missing")
-        tokenizer = _sentencepiece_bpe(metadata, tokens, source) if kind == "llama" else \
+        tokenizer = _gguf_sentencepiece_bpe(metadata, tokens, source) if kind == "llama" else \
             _byte_level_bpe(metadata, tokens, pre, source)
         _add_special_tokens(tokenizer, tokens, metadata.get("tokenizer.ggml.token_type"))
         stops = [metadata.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot")]
@@ -129,7 +129,7 @@ def _add_special_tokens(tokenizer, tokens, types):
 
 def _from_sentencepiece_model(path):
     """A sentencepiece tokenizer.model, read with sentencepiece's own protobuf schema and built as
-    a GGUF 'llama' tokenizer is (_sentencepiece_bpe: the same pieces, scores and types; llama.cpp's
+    a GGUF 'llama' tokenizer is (_sentencepiece_bpe of the same pieces, scores and types; llama.cpp's
     converter copies them so). BPE models with the identity normalization only, as Llama 2's."""
     try:
         from sentencepiece import sentencepiece_model_pb2
@@ -157,10 +157,8 @@ def _from_sentencepiece_model(path):
     tokens = [p.piece for p in model.pieces]
     types = [p.type for p in model.pieces]
     unknown = [i for i, kind in enumerate(types) if kind == 2]
-    tokenizer = _sentencepiece_bpe({"tokenizer.ggml.scores": [p.score for p in model.pieces],
-                                    "tokenizer.ggml.unknown_token_id": unknown[0] if unknown else None,
-                                    "tokenizer.ggml.add_space_prefix": normalizer.add_dummy_prefix},
-                                   tokens, path)
+    tokenizer = _sentencepiece_bpe(tokens, [p.score for p in model.pieces],
+                                   unknown[0] if unknown else None, normalizer.add_dummy_prefix)
     _add_special_tokens(tokenizer, tokens, types)
     return tokenizer
 
@@ -184,31 +182,39 @@ def _byte_level_bpe(metadata, tokens, pre, source):
     return tokenizer
 
 
-def _sentencepiece_bpe(metadata, tokens, source):
-    """llama.cpp's 'llama' tokenizer (sentencepiece BPE): spaces become U+2581, one is prefixed to
-    every text between special tokens (unless tokenizer.ggml.add_space_prefix is false), then the
-    adjacent pair whose concatenation is the token of highest score merges, leftmost first, until
-    none does; a piece outside the vocabulary becomes its UTF-8 bytes' <0xXX> tokens. As a
-    `tokenizers` BPE: every split of every token into two tokens is a merge, ranked by the whole
-    token's score. Decoding turns U+2581 back into spaces and keeps the prefixed one."""
-    from tokenizers import decoders, models, normalizers
-    from tokenizers import Tokenizer as HFTokenizer
+def _gguf_sentencepiece_bpe(metadata, tokens, source):
+    """llama.cpp's 'llama' tokenizer: _sentencepiece_bpe of the GGUF file's scores, unknown token
+    and add_space_prefix."""
     scores = metadata.get("tokenizer.ggml.scores")
     if scores is None or len(scores) != len(tokens):
         raise CorruptFileError(f"{source}: tokenizer.ggml.scores is missing or does not match "
                                f"the {len(tokens)} tokens")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    ranked = sorted((-scores[i], i, k) for i, t in enumerate(tokens) for k in range(1, len(t))
-                    if t[:k] in vocab and t[k:] in vocab)
-    merges = [(tokens[i][:k], tokens[i][k:]) for _, i, k in ranked]
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
     if unk is not None and not 0 <= unk < len(tokens):
         raise CorruptFileError(f"{source}: tokenizer.ggml.unknown_token_id = {unk} is not one of "
                                f"the {len(tokens)} tokens")
+    return _sentencepiece_bpe(tokens, scores, unk,
+                              metadata.get("tokenizer.ggml.add_space_prefix", True))
+
+
+def _sentencepiece_bpe(tokens, scores, unk, add_space_prefix):
+    """llama.cpp's 'llama' tokenizer (sentencepiece BPE) of `tokens`, their `scores` and the index
+    of the unknown token (`unk`, or None): spaces become U+2581, one is prefixed to every text
+    between special tokens where `add_space_prefix` says so, then the adjacent pair whose
+    concatenation is the token of highest score merges, leftmost first, until none does; a piece
+    outside the vocabulary becomes its UTF-8 bytes' <0xXX> tokens. As a
+    `tokenizers` BPE: every split of every token into two tokens is a merge, ranked by the whole
+    token's score. Decoding turns U+2581 back into spaces and keeps the prefixed one."""
+    from tokenizers import decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+    vocab = {t: i for i, t in enumerate(tokens)}
+    ranked = sorted((-scores[i], i, k) for i, t in enumerate(tokens) for k in range(1, len(t))
+                    if t[:k] in vocab and t[k:] in vocab)
+    merges = [(tokens[i][:k], tokens[i][k:]) for _, i, k in ranked]
     tokenizer = HFTokenizer(models.BPE(vocab, merges, unk_token=None if unk is None else tokens[unk],
                                        fuse_unk=True, byte_fallback=True))
     steps = [normalizers.Replace(" ", SPIECE_SPACE)]
-    if metadata.get("tokenizer.ggml.add_space_prefix", True):
+    if add_space_prefix:
         steps.insert(0, normalizers.Prepend(" "))
     tokenizer.normalizer = normalizers.Sequence(steps)
     tokenizer.decoder = decoders.Sequence([decoders.Replace(SPIECE_SPACE, " "),
