@@ -162,9 +162,14 @@ def add_arguments(parser):
     parser.add_argument("--tp", type=int, default=1,
                         help="tensor parallelism over this many GPUs, one process each (--prompt "
                              "only; models with BitNet's sub-norms)")
+    parser.add_argument("--tp-exact", action="store_true",
+                        help="with --tp: one GPU's logits bit for bit (same greedy tokens), for "
+                             "more work per GPU: every GPU runs attention for all heads")
 
 
 def main(args):
+    if args.tp_exact and args.tp == 1:
+        raise InvalidArgumentError("--tp-exact needs --tp N with N >= 2")
     if args.tp != 1:
         return main_tensor_parallel(args)
     say = (lambda *a, **k: None) if args.json else print
@@ -210,7 +215,8 @@ def main_tensor_parallel(args):
                                    f"exceed the model's {source.config.max_positions} positions")
     start = time.perf_counter()
     ids, seconds = run_ranks(generate_rank, args.tp,
-                             args=(args.model, prompt, args.max_tokens, "peer", sampling))[0]
+                             args=(args.model, prompt, args.max_tokens, "peer", sampling,
+                                   args.tp_exact))[0]
     total = time.perf_counter() - start
     stop = next((i for i, t in enumerate(ids) if t in tokenizer.stop_ids), None)
     ids = ids if stop is None else ids[:stop + 1]
@@ -218,7 +224,8 @@ def main_tensor_parallel(args):
     steps_per_s = (len(prompt) + args.max_tokens) / seconds
     if args.json:
         print(json.dumps({"prompt_ids": prompt, "generated_ids": ids, "text": text,
-                          "timings": {"tp": args.tp, "total_s": total, "steps_s": seconds,
+                          "timings": {"tp": args.tp, "tp_exact": args.tp_exact,
+                                      "total_s": total, "steps_s": seconds,
                                       "steps_per_s": steps_per_s}}, indent=2))
     else:
         print(text)

@@ -20,10 +20,19 @@ The ranks agree bit for bit (the all-reduce adds in rank order on every rank).
 Per layer a decode step makes 2 collectives (the all-reduces after o and down), plus one gather
 for the head; on one rank none, and the step is the unsplit model's (model.Session's ops, in its
 order).
+
+The exact layout (``exact=True``: ``exact_split``) gives one GPU's logits bit for bit, so the same
+greedy tokens, for more work per rank: every rank computes Q, K, V and attention for all heads
+(its KV cache holds every head), then o, gate|up and down are split by output rows and each
+projection's rows are all-gathered. Every norm and int8 quantization then sees the whole row, as on
+one GPU, and a row's output is an exact integer dot scaled by the same rule whatever rows the
+kernel runs beside it. Per layer 3 all-gathers; the QKV weights and attention are not divided.
+
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
-1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``: 5 KV heads over 2 ranks
-are 3 and 2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads a checkpoint for it), ``random_shard``
-makes a rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take
+1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``:
+5 KV heads over 2 ranks are 3 and 2). The model needs only the Config and ``Shard``s:
+``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads a
+checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take
 far too long to quantize from floats)."""
 import itertools
 import time
@@ -64,6 +73,21 @@ class Split:
         return sum(sizes[:rank])
 
 
+@dataclass(frozen=True)
+class ExactSplit:
+    """The exact layout over `world` ranks, per rank: rows of o and of down (`hidden`), rows of the
+    fused gate|up projection (`gate_up`) and vocabulary rows. Attention is not divided."""
+    world: int
+    hidden: tuple
+    gate_up: tuple
+    vocab: tuple
+
+    start = staticmethod(Split.start)
+
+
+ROW_UNIT = 16  # the exact layout's pieces are multiples of this many rows where the size allows
+
+
 def _even(units, world):
     return tuple(units // world + (1 if r < units % world else 0) for r in range(world))
 
@@ -92,16 +116,40 @@ def split(config, world):
     return Split(world, kv, heads, inter, _even(c.vocab, world))
 
 
+def _even_rows(rows, world):
+    if rows % ROW_UNIT or rows // ROW_UNIT < world:
+        return _even(rows, world)
+    return tuple(ROW_UNIT * u for u in _even(rows // ROW_UNIT, world))
+
+
+def exact_split(config, world):
+    """The ExactSplit of `config` over `world` ranks (every piece at least one row)."""
+    c = config
+    if padded_config(c) is not c:
+        raise UnsupportedError(f"tensor parallelism over {world} ranks: head dim {c.head_dim} and "
+                               f"intermediate {c.intermediate} run in a padded layout: split "
+                               "padded_config(config)")
+    if min(c.hidden, c.vocab) < world:
+        raise UnsupportedError(f"tensor parallelism over {world} ranks: hidden {c.hidden} or "
+                               f"vocab {c.vocab} has fewer rows than ranks")
+    return ExactSplit(world, _even_rows(c.hidden, world), _even_rows(2 * c.intermediate, world),
+                      _even(c.vocab, world))
+
+
 @dataclass
 class ShardLayer:
-    qkv: object      # TernaryWeights [(heads_r + 2 kv_heads_r) * head_dim, H]: Q, K, V rows
-    o: object        # [H, heads_r * head_dim]: this rank's input columns
-    gate_up: object  # [2 I_r, H]: this rank's gate rows, then its up rows
-    down: object     # [H, I_r]
+    """One layer's pieces. Split layout: qkv [(heads_r + 2 kv_heads_r) * head_dim, H], this rank's
+    Q, K, V rows; o [H, heads_r * head_dim], its input columns; gate_up [2 I_r, H], its gate rows
+    then its up rows; down [H, I_r]; the sub-norms' slices [heads_r * head_dim] and [I_r]. Exact
+    layout: qkv and the norms whole; o, gate_up and down this rank's rows (ExactSplit)."""
+    qkv: object
+    o: object
+    gate_up: object
+    down: object
     attn_norm: object
-    attn_sub_norm: object  # [heads_r * head_dim]: this rank's slice (the o projection's columns)
+    attn_sub_norm: object
     ffn_norm: object
-    ffn_sub_norm: object   # [I_r]: this rank's slice
+    ffn_sub_norm: object
 
 
 @dataclass
@@ -121,15 +169,20 @@ def _rows(ranges):
 
 
 class _Slicer:
-    """Cuts rank `rank`'s pieces out of full host layers and uploads them to `device`."""
+    """Cuts rank `rank`'s pieces out of full host layers (split or exact layout) and uploads them
+    to `device`."""
 
-    def __init__(self, config, rank, world, device):
+    def __init__(self, config, rank, world, device, exact=False):
         c, D = config, config.head_dim
-        self.config, self.rank, self.device = c, rank, device
-        self.split = sp = split(c, world)
-        self.q0, self.q = sp.start(sp.heads, rank) * D, sp.heads[rank] * D
-        self.k0, self.kv = sp.start(sp.kv_heads, rank) * D, sp.kv_heads[rank] * D
-        self.f0, self.inter = sp.start(sp.intermediate, rank), sp.intermediate[rank]
+        self.config, self.rank, self.device, self.exact = c, rank, device, exact
+        self.split = sp = exact_split(c, world) if exact else split(c, world)
+        if exact:
+            self.h0, self.h = sp.start(sp.hidden, rank), sp.hidden[rank]
+            self.g0, self.g = sp.start(sp.gate_up, rank), sp.gate_up[rank]
+        else:
+            self.q0, self.q = sp.start(sp.heads, rank) * D, sp.heads[rank] * D
+            self.k0, self.kv = sp.start(sp.kv_heads, rank) * D, sp.kv_heads[rank] * D
+            self.f0, self.inter = sp.start(sp.intermediate, rank), sp.intermediate[rank]
         self.v0, self.vocab = sp.start(sp.vocab, rank), sp.vocab[rank]
 
     def put(self, host):
@@ -147,6 +200,14 @@ class _Slicer:
 
     def layer(self, layer):
         """The ShardLayer of one full layer (model.Layer of numpy arrays)."""
+        if self.exact:
+            h0, h, g0, g = self.h0, self.h, self.g0, self.g
+            return ShardLayer(
+                qkv=self.rows(layer.qkv, [(0, len(layer.qkv.scales))]),
+                o=self.rows(layer.o, [(h0, h0 + h)]), gate_up=self.rows(layer.gate_up, [(g0, g0 + g)]),
+                down=self.rows(layer.down, [(h0, h0 + h)]),
+                **{name: self.put(getattr(layer, name))
+                   for name in ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")})
         c, Q, I = self.config, self.config.q_dim, self.config.intermediate
         q0, q, k0, kv, f0, inter = self.q0, self.q, self.k0, self.kv, self.f0, self.inter
         return ShardLayer(
@@ -169,14 +230,16 @@ class _Slicer:
                      table, head)
 
 
-def shard_weights(weights, rank, world, device):
-    """Rank `rank`'s shard of full host weights (model.Weights of numpy arrays), on `device`."""
-    slicer = _Slicer(weights.config, rank, world, device)
+def shard_weights(weights, rank, world, device, exact=False):
+    """Rank `rank`'s shard of full host weights (model.Weights of numpy arrays), on `device`, in
+    the split layout or the exact one."""
+    slicer = _Slicer(weights.config, rank, world, device, exact)
     return slicer.shard(weights, [slicer.layer(layer) for layer in weights.layers])
 
 
-def load_shard(path, rank, world, device):
-    """Rank `rank`'s shard of the checkpoint at `path` (a model directory or a .gguf file). The
+def load_shard(path, rank, world, device, exact=False):
+    """Rank `rank`'s shard (split or exact layout) of the checkpoint at `path` (a model directory
+    or a .gguf file). The
     loader reads it into host memory a layer at a time, and each layer's slices go to `device`
     before the next is read: host memory holds the embedding, the head and one layer. Models
     without BitNet's sub-norms (the Llama layout) are refused: the row-parallel layers divide by
@@ -186,17 +249,17 @@ def load_shard(path, rank, world, device):
     if not source.config.sub_norms:
         raise UnsupportedError(f"{path}: tensor parallelism needs BitNet's sub-norms before o and "
                                f"down; this model has none (Llama layout)")
-    slicer = _Slicer(padded_config(source.config), rank, world, device)
+    slicer = _Slicer(padded_config(source.config), rank, world, device, exact)
     weights = source.load(CPU, progress=False, each_layer=slicer.layer)
     return slicer.shard(weights, weights.layers)
 
 
-def generate_shard(group, path, prompt, tokens, sampling=None):
-    """One rank's continuation of `prompt` (token ids) by `tokens` tokens, with its shard of the
-    checkpoint at `path`: greedy, or drawn as `sampling` (set_sampling's keyword arguments) says;
-    `group` holds its collectives (comm.Group, or a comm.ThreadGroup on the CPU). Returns the new
-    ids and the seconds the steps took."""
-    session = TPSession(load_shard(path, group.rank, group.world, group.device), group,
+def generate_shard(group, path, prompt, tokens, sampling=None, exact=False):
+    """One rank's continuation of `prompt` (token ids) by `tokens` tokens, with its shard (split
+    or exact layout) of the checkpoint at `path`: greedy, or drawn as `sampling`
+    (set_sampling's keyword arguments) says; `group` holds its collectives (comm.Group, or a
+    comm.ThreadGroup on the CPU). Returns the new ids and the seconds the steps took."""
+    session = TPSession(load_shard(path, group.rank, group.world, group.device, exact), group,
                         len(prompt) + tokens)
     session.set_sampling(**(sampling or {}))
     try:
@@ -207,12 +270,12 @@ def generate_shard(group, path, prompt, tokens, sampling=None):
         session.close()
 
 
-def generate_rank(ctx, path, prompt, tokens, method, sampling=None):
+def generate_rank(ctx, path, prompt, tokens, method, sampling=None, exact=False):
     """launcher.run_ranks' target: generate_shard on the rank's GPU, collectives by `method`."""
     from . import comm
     group = comm.Group(ctx, method=method)
     try:
-        return generate_shard(group, path, prompt, tokens, sampling)
+        return generate_shard(group, path, prompt, tokens, sampling, exact)
     finally:
         group.close()
 
@@ -222,19 +285,25 @@ _TERNARY_BYTES = np.array([a | b << 2 | c << 4 | d << 6
                            for a, b, c, d in itertools.product(range(3), repeat=4)], np.uint8)
 
 
-def random_shard(config, rank, world, device, seed=0):
-    """A rank's shard of random weights, made in packed form: one random matrix per distinct
-    shape, generated on the host and uploaded once, then copied on the device into every layer's
-    own memory (so a step still reads every layer's bytes). Scales 1 / sqrt(K); norms 1; the
-    embedding table is TABLE_BLOCK_ROWS random rows repeated (generating 128256 x 8192 floats on
-    the host would take longer than the run)."""
+def random_shard(config, rank, world, device, seed=0, exact=False):
+    """A rank's shard of random weights (split or exact layout), made in packed form: one random
+    matrix per distinct shape, generated on the host and uploaded once, then copied on the device
+    into every layer's own memory (so a step still reads every layer's bytes). Scales 1 / sqrt(K);
+    norms 1; the embedding table is TABLE_BLOCK_ROWS random rows repeated (generating 128256 x
+    8192 floats on the host would take longer than the run)."""
     c = config
-    sp = split(c, world)
-    H, D = c.hidden, c.head_dim
-    hq, hkv, inter = sp.heads[rank], sp.kv_heads[rank], sp.intermediate[rank]
+    H, D, Q, I = c.hidden, c.head_dim, c.q_dim, c.intermediate
+    if exact:
+        sp = exact_split(c, world)
+        h, q, inter = sp.hidden[rank], Q, I
+        shapes = {"qkv": (Q + 2 * c.kv_dim, H), "o": (h, Q), "gate_up": (sp.gate_up[rank], H),
+                  "down": (h, I)}
+    else:
+        sp = split(c, world)
+        q, inter = sp.heads[rank] * D, sp.intermediate[rank]
+        shapes = {"qkv": (q + 2 * sp.kv_heads[rank] * D, H), "o": (H, q), "gate_up": (2 * inter, H),
+                  "down": (H, inter)}
     rng = np.random.default_rng(seed * 1009 + rank)
-    shapes = {"qkv": ((hq + 2 * hkv) * D, H), "o": (H, hq * D), "gate_up": (2 * inter, H),
-              "down": (H, inter)}
     pools = {}
     for name, (m, k) in shapes.items():
         packed = _TERNARY_BYTES[rng.integers(0, 81, size=(m, k // 4), dtype=np.uint8)]
@@ -249,9 +318,9 @@ def random_shard(config, rank, world, device, seed=0):
         return target
 
     bf16 = _arrays.numpy_dtype(BF16)
-    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, hq * D, inter)}
+    ones = {w: DeviceArray.from_numpy(np.ones(w, bf16), device) for w in (H, q, inter)}
     layers = [ShardLayer(**{name: TernaryWeights(copy(p), copy(s)) for name, (p, s) in pools.items()},
-                         attn_norm=ones[H], attn_sub_norm=ones[hq * D], ffn_norm=ones[H],
+                         attn_norm=ones[H], attn_sub_norm=ones[q], ffn_norm=ones[H],
                          ffn_sub_norm=ones[inter])
               for _ in range(c.layers)]
     table = DeviceArray((c.vocab, H), BF16, device)
@@ -269,7 +338,8 @@ def random_shard(config, rank, world, device, seed=0):
 
 
 class TPSession:
-    """One rank's decode state: KV cache of its heads, buffers, the step (a CUDA graph on a GPU).
+    """One rank's decode state: KV cache of its heads (every head in the exact layout), buffers,
+    the step (a CUDA graph on a GPU).
     `group` does the collectives (comm.Group, or comm.ThreadGroup on the CPU); every rank calls
     the same methods in the same order."""
 
@@ -284,8 +354,11 @@ class TPSession:
         self.graph = None
         self.sampling = None
         self.solo = sp.world == 1  # no collectives: the unsplit model's step
+        whole = isinstance(sp, ExactSplit)  # every head on every rank
+        self.exact = whole and not self.solo
         H, I, D = c.hidden, c.intermediate, c.head_dim
-        hq, hkv = sp.heads[r], sp.kv_heads[r]
+        hq, hkv = (c.heads, c.kv_heads) if whole else (sp.heads[r], sp.kv_heads[r])
+        gate_up = 2 * I if whole else 2 * sp.intermediate[r]
         self.vocab_counts = list(sp.vocab)
         cache = (1, capacity, hkv, D)
         self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
@@ -297,12 +370,16 @@ class TPSession:
              "x_q": self.alloc((1, max(H, I, c.q_dim)), "int8"), "x_s": self.alloc((1,), "float32"),
              "qkv": self.alloc((1, (hq + 2 * hkv) * D), BF16),
              "attn": self.alloc((1, 1, hq, D), BF16),
-             "gate_up": self.alloc((1, 2 * sp.intermediate[r]), BF16),
+             "gate_up": self.alloc((1, gate_up), BF16),
              "y": self.alloc((1, H), BF16),
              "logits_part": self.alloc((1, sp.vocab[r]), "float32"),
              "logits": self.alloc((1, c.vocab), "float32"), "sync": self.alloc((4,), "float32")}
         if self.solo:  # the head's output is the whole row
             b["logits_part"] = b["logits"]
+        if self.exact:  # this rank's rows of o or down, and of gate|up, before the all-gathers
+            b["proj_part"] = self.alloc((1, sp.hidden[r]), BF16)
+            b["gate_up_part"] = self.alloc((1, sp.gate_up[r]), BF16)
+            self.row_counts = {"proj": list(sp.hidden), "gate_up": list(sp.gate_up)}
         b["qkv_heads"] = b["qkv"].reshape(1, 1, hq + 2 * hkv, D)
         b["q"] = self.alloc((1, 1, hq, D), BF16)
         ws = attention_workspace_size(self.device, 1, 1, hq, hkv, D, capacity)
@@ -401,7 +478,7 @@ class TPSession:
                               c.q_dim, c.attn_sub_eps)
             rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
                              out=(x_q, x_s), **kw)
-            gemv_w2a8(layer.gate_up, x_q, x_s, out_dtype=BF16, out=b["gate_up"], **kw)
+            self.project(layer.gate_up, x_q, x_s, "gate_up")
             self.row_parallel(layer.down, b["gate_up"], layer.ffn_sub_norm, c.activation,
                               c.intermediate, c.ffn_sub_eps)
             residual = b["h"]
@@ -417,24 +494,35 @@ class TPSession:
         add_int32(self.positions, 1, **kw)
         add_int32(self.seq_lens, 1, **kw)
 
+    def project(self, weights, x_q, x_s, name):
+        """b[name] = the bfloat16 projection of the int8 row; in the exact layout this rank's rows
+        go to b[name + "_part"] and the all-gather puts the ranks' rows together in b[name]."""
+        b, st = self.b, self.stream
+        if not self.exact:
+            gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name], stream=st)
+            return
+        gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name + "_part"], stream=st)
+        self.group.all_gather(b[name + "_part"], b[name], counts=self.row_counts[name], stream=st)
+
     def row_parallel(self, weights, x, norm_weight, activation, width, eps):
-        """b["proj"] = W subnorm(v) for the input-column-split W, v this rank's slice of a row of
-        `width` (x itself, or with an activation the GLU gate of the gate|up projection x), the
-        norm's eps `eps` (the config's sub-norm eps, which a padded layout scales). On one
-        rank the unsplit model's ops: the norm, int8, the GEMV into bfloat16. Otherwise the
+        """b["proj"] = W subnorm(v) for the o or down projection W, v a row of `width` (x itself,
+        or with an activation the GLU gate of the gate|up projection x), the norm's eps `eps`
+        (the config's sub-norm eps, which a padded layout scales). On one rank, and in the exact
+        layout (v whole on every rank), the unsplit model's ops: the norm, int8, the GEMV into
+        bfloat16 (project). Otherwise W is split by input columns and v is this rank's slice: the
         norm's first half on the slice (its own int8 scale), this rank's float32 partial sums
         with the slice's sum of squares after them, and the all-reduce that sums both and
         divides by the whole row's RMS."""
         b, st = self.b, self.stream
         cols = x.shape[-1] // (2 if activation else 1)
         x_q, x_s = _cols(b["x_q"], cols), b["x_s"]
-        if self.solo:
+        if self.solo or self.exact:
             if activation:
                 glu_rmsnorm_quantize(x, norm_weight, activation=activation, eps=eps,
                                      out=(x_q, x_s), stream=st)
             else:
                 rmsnorm_quantize(x, norm_weight, eps=eps, out=(x_q, x_s), stream=st)
-            gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b["proj"], stream=st)
+            self.project(weights, x_q, x_s, "proj")
             return
         H = self.config.hidden
         sums, sumsq = b["part"][:H].reshape(1, H), b["part"][H:]

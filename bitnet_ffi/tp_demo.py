@@ -20,7 +20,7 @@ SHAPES = {
 TIMED_REPLAYS = 20
 
 
-def decode_rank(ctx, configs, prompt_len, tokens, method, seed):
+def decode_rank(ctx, configs, prompt_len, tokens, method, seed, exact=False):
     """One rank: for each config in turn, random packed weights on its GPU, the prompt and `tokens`
     greedy tokens, then the decode step's graph timed from the position reached (every timed run
     restarts there: TPSession.time_decode). Returns the rank's figures, one dict per config."""
@@ -32,7 +32,7 @@ def decode_rank(ctx, configs, prompt_len, tokens, method, seed):
     figures = []
     for config in configs:
         start = time.perf_counter()
-        shard = tp.random_shard(config, ctx.rank, ctx.world, ctx.device, seed)
+        shard = tp.random_shard(config, ctx.rank, ctx.world, ctx.device, seed, exact)
         weights_s = time.perf_counter() - start
         session = tp.TPSession(shard, group, prompt_len + tokens + TIMED_REPLAYS + 2)
         prompt = np.random.default_rng(seed + 1).integers(0, config.vocab, prompt_len)
@@ -47,18 +47,19 @@ def decode_rank(ctx, configs, prompt_len, tokens, method, seed):
     return figures
 
 
-def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900):
+def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900,
+                exact=False):
     """Runs decode_rank on `tp` GPUs (one process set for all configs); for each config the
     slowest rank's step time and rank 0's tokens."""
     from .launcher import run_ranks
-    ranks = run_ranks(decode_rank, tp, args=(list(configs), prompt_len, tokens, method, seed),
+    ranks = run_ranks(decode_rank, tp, args=(list(configs), prompt_len, tokens, method, seed, exact),
                       timeout=timeout)
     results = []
     for index, config in enumerate(configs):
         per_rank = [r[index] for r in ranks]
         if any(r["tokens"] != per_rank[0]["tokens"] for r in per_rank):
             raise BitNetError(f"the ranks' greedy tokens differ: {[r['tokens'] for r in per_rank]}")
-        results.append({"tp": tp, "method": method,
+        results.append({"tp": tp, "method": method, "exact": exact,
                         "ms_per_token": max(r["ms_per_token"] for r in per_rank),
                         "tokens": per_rank[0]["tokens"],
                         "weights_s": max(r["weights_s"] for r in per_rank),
@@ -66,9 +67,9 @@ def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, tim
     return results
 
 
-def run(config, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900):
+def run(config, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900, exact=False):
     """run_configs of one config."""
-    return run_configs([config], tp, prompt_len, tokens, method, seed, timeout)[0]
+    return run_configs([config], tp, prompt_len, tokens, method, seed, timeout, exact)[0]
 
 
 def add_arguments(parser):
@@ -80,6 +81,9 @@ def add_arguments(parser):
     parser.add_argument("--method", choices=("peer", "nccl"), default="peer",
                         help="collectives: the one-shot peer kernels (default) or NCCL")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exact", action="store_true",
+                        help="the exact layout (tensor_parallel.exact_split): one GPU's logits bit "
+                             "for bit, attention on every rank, 3 all-gathers per layer")
     parser.add_argument("--json", action="store_true")
 
 
@@ -90,12 +94,14 @@ def main(args):
     config = SHAPES[args.shape]
     if args.layers:
         config = Config(**{**config.__dict__, "layers": args.layers})
-    result = run(config, args.tp, args.prompt_len, args.tokens, args.method, args.seed)
+    result = run(config, args.tp, args.prompt_len, args.tokens, args.method, args.seed,
+                 exact=args.exact)
     result.update(shape=args.shape, layers=config.layers)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"{args.shape} ({config.layers} layers, {result['ternary_gb']:.1f} GB ternary) on "
-              f"{args.tp} GPU(s), {args.method} collectives: {result['ms_per_token']:.3f} ms per "
+              f"{args.tp} GPU(s){', exact layout' if args.exact else ''}, {args.method} collectives: "
+              f"{result['ms_per_token']:.3f} ms per "
               f"token (CUDA graph replays, slowest rank); greedy tokens {result['tokens']}")
     return 0

@@ -203,8 +203,9 @@ def compare_with_one_rank(tp_logits, one_logits):
     return error, same
 
 
-def _split_run(group, weights, world):
-    session = tp.TPSession(tp.shard_weights(weights, group.rank, world, group.device), group, 32)
+def _split_run(group, weights, world, exact=False):
+    session = tp.TPSession(tp.shard_weights(weights, group.rank, world, group.device, exact),
+                           group, 32)
     tokens = [session.generate(PROMPT, 3)]
     session.reset()
     logits = []
@@ -241,6 +242,34 @@ def test_split_model_matches_the_unsplit_one_on_simulated_ranks():
 
 
 @pytest.mark.cpu
+@pytest.mark.parametrize("config, worlds", [(SPLIT, (2, 3, 4)), (None, (2, 3))])
+def test_exact_layout_gives_one_ranks_logits_bit_for_bit_on_simulated_ranks(config, worlds):
+    """The exact layout (attention whole on every rank; o, gate|up and down by output rows,
+    all-gathered): every rank's logits equal one rank's bit for bit, at every teacher-forced step,
+    and so do the greedy tokens; UNEVEN (None here) splits into pieces of unequal size. The model
+    is not quieted: a saturated softmax moves nothing when nothing differs."""
+    weights = model.random_weights(config or UNEVEN, CPU, seed=6)
+    one = comm.run_threads(_split_run, 1, weights, 1)[0]
+    for world in worlds:
+        for tokens, logits in comm.run_threads(_split_run, world, weights, world, True):
+            assert tokens == one[0]
+            np.testing.assert_array_equal(logits, one[1])
+
+
+@pytest.mark.cpu
+def test_exact_split_pieces():
+    sp = tp.exact_split(model.BITNET_2B4T, 2)
+    assert sp.hidden == (1280, 1280) and sp.gate_up == (6912, 6912) and sp.vocab == (64128, 64128)
+    sp = tp.exact_split(model.BITNET_2B4T, 3)
+    assert sp.hidden == (864, 848, 848) and sp.gate_up == (4608, 4608, 4608)
+    assert tp.exact_split(model.Config(hidden=24, intermediate=128, heads=2, kv_heads=1,
+                                       head_dim=64, vocab=50), 4).hidden == (6, 6, 6, 6)
+    with pytest.raises(UnsupportedError, match="padded layout"):
+        tp.exact_split(model.Config(hidden=320, heads=5, kv_heads=5, head_dim=64,
+                                    intermediate=8640), 2)
+
+
+@pytest.mark.cpu
 def test_split_divides_unevenly_where_it_must():
     sp = tp.split(model.BITNET_2B4T, 2)
     assert sp.kv_heads == (3, 2) and sp.heads == (12, 8)
@@ -271,9 +300,10 @@ def test_uneven_split_matches_one_rank():
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "models")
 
 
-def _checkpoint_run(group, path, steps):
+def _checkpoint_run(group, path, steps, exact=False):
     """Teacher-forced logits of `steps` (ids) with this rank's shard of the checkpoint."""
-    session = tp.TPSession(tp.load_shard(path, group.rank, group.world, group.device), group, 32)
+    session = tp.TPSession(tp.load_shard(path, group.rank, group.world, group.device, exact),
+                           group, 32)
     logits = []
     for t in steps:
         session.decode(t)
@@ -287,7 +317,8 @@ def test_checkpoint_shards_match_one_rank_on_simulated_ranks(name):
     """A real checkpoint (bitnet-packed: 2B4T's layout; bitnet-padded: 1bitLLM's, run padded)
     loaded by each rank and split over 2 simulated ranks: the ranks agree bit for bit and stay
     within LOGIT_BOUND of one rank; one rank's greedy tokens are the unsplit model's
-    (Model.generate)."""
+    (Model.generate). In the exact layout the 2 ranks' logits are one rank's bit for bit and their
+    greedy tokens the unsplit model's."""
     from bitnet_ffi.generate import Model
     path = os.path.join(FIXTURES, name)
     prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
@@ -301,6 +332,10 @@ def test_checkpoint_shards_match_one_rank_on_simulated_ranks(name):
     compare_with_one_rank(two[0], reference)
     ids = comm.run_threads(tp.generate_shard, 2, path, prompt, 6)
     assert ids[0][0] == ids[1][0]
+    for logits in comm.run_threads(_checkpoint_run, 2, path, steps, True):  # exact layout
+        np.testing.assert_array_equal(logits, reference)
+    for ids, _ in comm.run_threads(tp.generate_shard, 2, path, prompt, 6, None, True):
+        assert ids == one
 
 
 @pytest.mark.cpu
@@ -351,6 +386,8 @@ def test_generate_tp_refuses_what_it_cannot_run(capsys):
     assert "temperature must be finite and >= 0" in capsys.readouterr().err
     assert cli.main(["generate", "--model", path, "--prompt", "hi", "--tp", "0"]) == 2
     assert "takes 2 or more GPUs" in capsys.readouterr().err
+    assert cli.main(["generate", "--model", path, "--prompt", "hi", "--tp-exact"]) == 2
+    assert "--tp-exact needs --tp" in capsys.readouterr().err
 
 
 @pytest.mark.cpu
@@ -468,10 +505,11 @@ def test_collectives_in_a_replayed_graph_match_host_sums(method):
     assert not problems, problems[:10]
 
 
-def _tp_rank(ctx, world_seed, method):
+def _tp_rank(ctx, world_seed, method, exact=False):
     weights = quiet_attention(model.random_weights(SPLIT, CPU, seed=world_seed))
     group = comm.Group(ctx, method=method)
-    session = tp.TPSession(tp.shard_weights(weights, ctx.rank, ctx.world, ctx.device), group, 64)
+    session = tp.TPSession(tp.shard_weights(weights, ctx.rank, ctx.world, ctx.device, exact),
+                           group, 64)
     tokens = session.generate(PROMPT, 8)
     session.reset()
     logits = []
@@ -504,13 +542,28 @@ def test_tp_logits_match_one_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
+def test_tp_exact_layout_gives_one_gpus_logits_bit_for_bit():
+    """The exact layout on 2 GPUs (and 4 where there are 4), peer and NCCL all-gathers: every
+    rank's teacher-forced logits equal one GPU's bit for bit, and its 8 greedy tokens too."""
+    one = launcher.run_ranks(_tp_rank, 1, args=(5, "peer"), timeout=120)[0]
+    runs = [(w, "peer") for w in (2, 4) if w <= _gpus()] + [(2, "nccl")]
+    for world, method in runs:
+        for tokens, logits in launcher.run_ranks(_tp_rank, world, args=(5, method, True),
+                                                 timeout=120):
+            assert tokens == one[0], (world, method)
+            np.testing.assert_array_equal(logits, one[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
 @pytest.mark.parametrize("name, prompt_key", [("bitnet-packed", "prompt0"),
                                               ("bitnet-padded", "prompt1")])
 def test_generate_tp_on_two_gpus_runs_a_checkpoint(name, prompt_key, capsys):
     """`generate --tp 2` on a fixture (bitnet-padded: split in its padded layout): every rank
     loads it and uploads its shard; the ranks' tokens agree, greedy and sampled (run_ranks' rank 0
     is printed), and the first greedy token is the one-GPU model's (the prompts whose first token
-    has a clear top-2 margin in transformers' logits: 0.29 and 0.24 standard deviations)."""
+    has a clear top-2 margin in transformers' logits: 0.29 and 0.24 standard deviations); in the
+    exact layout all 6 greedy tokens are the one-GPU model's."""
     from bitnet_ffi import cli
     from bitnet_ffi.generate import Model
     if _gpus() < 2:
@@ -528,6 +581,11 @@ def test_generate_tp_on_two_gpus_runs_a_checkpoint(name, prompt_key, capsys):
     assert cli.main(["generate", "--model", path, "--prompt", "The quick brown fox", "--tp", "2",
                      "--max-tokens", "4", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["generated_ids"]) <= 4
+    one = Model.load(path, device="cuda", progress=False).generate(prompt, max_tokens=6,
+                                                                   stop=False)[0].ids
+    ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer", None, True),
+                               timeout=120)
+    assert ranks[0][0] == ranks[1][0] == one  # the exact layout: one GPU's greedy tokens
 
 
 def _fail_mid_run(ctx, method):

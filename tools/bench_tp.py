@@ -5,7 +5,9 @@ graph per rank, timed by replays (median of 3 runs of 20, each from the same pos
 TPSession.time_decode), the slowest rank. One process set per TP size runs every shape in turn. A
 shape that a TP size cannot split is reported with the reason.
 
-    python tools/bench_tp.py [--shapes 2b4t 70b] [--tp 1 2 4] [--method peer] [--json out.json]
+    python tools/bench_tp.py [--shapes 2b4t 70b] [--tp 1 2 4] [--method peer] [--exact] [--json out.json]
+
+--exact times the exact layout (tensor_parallel.exact_split) instead of the split one.
 """
 import argparse
 import json
@@ -23,6 +25,7 @@ def main():
                         choices=list(tp_demo.SHAPES))
     parser.add_argument("--tp", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--method", choices=("peer", "nccl"), default="peer")
+    parser.add_argument("--exact", action="store_true", help="the exact layout")
     parser.add_argument("--layers", type=int, help="override every shape's layer count")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
@@ -37,15 +40,17 @@ def main():
         shapes = []
         for shape in args.shapes:
             rows[shape, tp] = {"shape": shape, "layers": configs[shape].layers, "tp": tp,
-                               "method": args.method}
+                               "method": args.method, "exact": args.exact}
             try:
-                tensor_parallel.split(configs[shape], tp)
+                (tensor_parallel.exact_split if args.exact else tensor_parallel.split)(
+                    configs[shape], tp)
                 shapes.append(shape)
             except BitNetError as exc:
                 rows[shape, tp]["error"] = str(exc)[:300]
         try:  # one process set per TP size, running every shape in turn
             for shape, result in zip(shapes, tp_demo.run_configs([configs[s] for s in shapes], tp,
-                                                                 method=args.method)):
+                                                                 method=args.method,
+                                                                 exact=args.exact)):
                 rows[shape, tp].update(result)
         except BitNetError as exc:
             for shape in shapes:
