@@ -161,7 +161,7 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--tp", type=int, default=1,
                         help="tensor parallelism over this many GPUs, one process each (--prompt "
-                             "only; models with BitNet's sub-norms)")
+                             "only)")
     parser.add_argument("--tp-exact", action="store_true",
                         help="with --tp: one GPU's logits bit for bit (same greedy tokens), for "
                              "more work per GPU: every GPU runs attention for all heads")

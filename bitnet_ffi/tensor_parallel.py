@@ -12,6 +12,9 @@ the CPU for tests), in the Megatron layout:
   for the whole row would be, so each value differs from one GPU's by at most one of one GPU's
   int8 steps: the projections differ by int8 rounding noise, which a random model's later layers
   amplify (docs/tensor_parallel.md gives the figures; greedy tokens may part at near-ties).
+- Models without those sub-norms (the Llama layout: Falcon3, Llama3-1.58) quantize each rank's
+  slice of o's and down's inputs to int8 with its own scale, and the all-reduce sums the float32
+  partial outputs.
 - The output head is split by vocabulary; the ranks' logits are all-gathered and every rank takes
   the same argmax (numpy's tie rule over the whole vocabulary, as one GPU), or, with
   set_sampling, the same draw of the sample op.
@@ -51,7 +54,7 @@ from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsno
                    rmsnorm_quantize)
 from .padding import GEMV_K_MULTIPLE, padded_config
 from .sampling import sample, sampling_settings
-from .ternary import TernaryWeights, gemv_w2a8
+from .ternary import TernaryWeights, gemv_w2a8, quantize_a8
 
 BF16 = "bfloat16"
 TABLE_BLOCK_ROWS = 4096  # random_shard's embedding: this many random rows, repeated
@@ -102,7 +105,8 @@ def split(config, world):
     if c.heads % c.kv_heads:
         problems.append(f"heads = {c.heads} is not a multiple of kv_heads = {c.kv_heads}")
     if c.kv_heads < world:
-        problems.append(f"kv_heads = {c.kv_heads} < world = {world} (KV heads are not replicated)")
+        problems.append(f"kv_heads = {c.kv_heads} < world = {world} (KV heads are not replicated; "
+                        "the exact layout, --tp-exact, runs attention whole on every rank)")
     if problems:
         raise UnsupportedError(f"tensor parallelism over {world} ranks: " + "; ".join(problems))
     kv = _even(c.kv_heads, world)
@@ -194,6 +198,12 @@ class _Slicer:
         return TernaryWeights(self.put(np.asarray(tw.packed)[index]),
                               self.put(np.asarray(tw.scales)[index]))
 
+    def norm(self, weight, start=0, width=None):
+        """A norm's weight, or its slice [start, start + width); None (no such sub-norm) stays."""
+        if weight is None:
+            return None
+        return self.put(weight if width is None else weight[start:start + width])
+
     def cols(self, tw, start, width):
         packed = np.asarray(tw.packed)[:, start // 4:(start + width) // 4]
         return TernaryWeights(self.put(packed), self.put(np.asarray(tw.scales)))
@@ -206,7 +216,7 @@ class _Slicer:
                 qkv=self.rows(layer.qkv, [(0, len(layer.qkv.scales))]),
                 o=self.rows(layer.o, [(h0, h0 + h)]), gate_up=self.rows(layer.gate_up, [(g0, g0 + g)]),
                 down=self.rows(layer.down, [(h0, h0 + h)]),
-                **{name: self.put(getattr(layer, name))
+                **{name: self.norm(getattr(layer, name))
                    for name in ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")})
         c, Q, I = self.config, self.config.q_dim, self.config.intermediate
         q0, q, k0, kv, f0, inter = self.q0, self.q, self.k0, self.kv, self.f0, self.inter
@@ -217,9 +227,9 @@ class _Slicer:
             gate_up=self.rows(layer.gate_up, [(f0, f0 + inter), (I + f0, I + f0 + inter)]),
             down=self.cols(layer.down, f0, inter),
             attn_norm=self.put(layer.attn_norm),
-            attn_sub_norm=self.put(layer.attn_sub_norm[q0:q0 + q]),
+            attn_sub_norm=self.norm(layer.attn_sub_norm, q0, q),
             ffn_norm=self.put(layer.ffn_norm),
-            ffn_sub_norm=self.put(layer.ffn_sub_norm[f0:f0 + inter]))
+            ffn_sub_norm=self.norm(layer.ffn_sub_norm, f0, inter))
 
     def shard(self, weights, layers):
         """The Shard of `weights` (host arrays but for `layers`, already this rank's)."""
@@ -239,16 +249,11 @@ def shard_weights(weights, rank, world, device, exact=False):
 
 def load_shard(path, rank, world, device, exact=False):
     """Rank `rank`'s shard (split or exact layout) of the checkpoint at `path` (a model directory
-    or a .gguf file). The
-    loader reads it into host memory a layer at a time, and each layer's slices go to `device`
-    before the next is read: host memory holds the embedding, the head and one layer. Models
-    without BitNet's sub-norms (the Llama layout) are refused: the row-parallel layers divide by
-    the sub-norm's RMS after the all-reduce."""
+    or a .gguf file). The loader reads it into host memory a layer at a time, and each layer's
+    slices go to `device` before the next is read: host memory holds the embedding, the head and
+    one layer."""
     from .loader import open_source
     source = open_source(path)
-    if not source.config.sub_norms:
-        raise UnsupportedError(f"{path}: tensor parallelism needs BitNet's sub-norms before o and "
-                               f"down; this model has none (Llama layout)")
     slicer = _Slicer(padded_config(source.config), rank, world, device, exact)
     weights = source.load(CPU, progress=False, each_layer=slicer.layer)
     return slicer.shard(weights, weights.layers)
@@ -512,17 +517,27 @@ class TPSession:
         bfloat16 (project). Otherwise W is split by input columns and v is this rank's slice: the
         norm's first half on the slice (its own int8 scale), this rank's float32 partial sums
         with the slice's sum of squares after them, and the all-reduce that sums both and
-        divides by the whole row's RMS."""
+        divides by the whole row's RMS. Without the sub-norm (norm_weight None, the Llama
+        layout) v goes to int8 as it is (quantize_a8, or the gate's output), and split ranks add
+        their float32 partial sums with a plain all-reduce."""
         b, st = self.b, self.stream
         cols = x.shape[-1] // (2 if activation else 1)
         x_q, x_s = _cols(b["x_q"], cols), b["x_s"]
-        if self.solo or self.exact:
-            if activation:
+        if self.solo or self.exact or norm_weight is None:
+            if activation:  # with no weight: quantize_a8 of the gate's output
                 glu_rmsnorm_quantize(x, norm_weight, activation=activation, eps=eps,
                                      out=(x_q, x_s), stream=st)
+            elif norm_weight is None:
+                quantize_a8(x, out=(x_q, x_s), stream=st)
             else:
                 rmsnorm_quantize(x, norm_weight, eps=eps, out=(x_q, x_s), stream=st)
-            self.project(weights, x_q, x_s, "proj")
+            if self.solo or self.exact:
+                self.project(weights, x_q, x_s, "proj")
+            else:  # a model without sub-norms: this rank's int8 slice, then a plain sum
+                H = self.config.hidden
+                sums = b["part"][:H].reshape(1, H)
+                gemv_w2a8(weights, x_q, x_s, out_dtype="float32", out=sums, stream=st)
+                self.group.all_reduce(sums, b["proj"], stream=st)
             return
         H = self.config.hidden
         sums, sumsq = b["part"][:H].reshape(1, H), b["part"][H:]

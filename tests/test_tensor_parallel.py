@@ -361,9 +361,43 @@ def test_load_shard_equals_the_shard_of_the_whole_loaded_model(name):
 
 
 @pytest.mark.cpu
-def test_checkpoint_without_sub_norms_is_refused_for_tensor_parallelism():
-    with pytest.raises(UnsupportedError, match="llama-silu: tensor parallelism needs BitNet's sub-norms"):
-        tp.load_shard(os.path.join(FIXTURES, "llama-silu"), 0, 2, CPU)
+def test_llama_layout_checkpoint_runs_in_the_exact_layout_on_simulated_ranks():
+    """llama-silu (no sub-norms, SiLU, untied head, 1 KV head): the split layout refuses it over 2
+    ranks (1 KV head), the exact layout gives one rank's logits bit for bit and the unsplit
+    model's greedy tokens."""
+    from bitnet_ffi.generate import Model
+    path = os.path.join(FIXTURES, "llama-silu")
+    with pytest.raises(UnsupportedError, match=r"kv_heads = 1 < world = 2 .*--tp-exact"):
+        tp.load_shard(path, 0, 2, CPU)
+    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
+    one = Model.load(path, device="cpu", progress=False).generate(prompt, max_tokens=6,
+                                                                   stop=False)[0].ids
+    assert comm.run_threads(tp.generate_shard, 1, path, prompt, 6)[0][0] == one
+    reference = comm.run_threads(_checkpoint_run, 1, path, prompt + one)[0]
+    for logits in comm.run_threads(_checkpoint_run, 2, path, prompt + one, True):
+        np.testing.assert_array_equal(logits, reference)
+    for ids, _ in comm.run_threads(tp.generate_shard, 2, path, prompt, 6, None, True):
+        assert ids == one
+
+
+@pytest.mark.cpu
+def test_llama_layout_splits_on_simulated_ranks():
+    """A random model without sub-norms (SiLU): split over 2 and 4 ranks, each rank's slice of o's
+    and down's inputs goes to int8 with its own scale and a plain all-reduce adds the partial
+    outputs: within LOGIT_BOUND of one rank; the exact layout equals it bit for bit."""
+    import dataclasses
+    weights = quiet_attention(model.random_weights(
+        dataclasses.replace(SPLIT, sub_norms=False, activation="silu"), CPU, seed=7))
+    for layer in weights.layers:
+        layer.attn_sub_norm = layer.ffn_sub_norm = None
+    one = comm.run_threads(_split_run, 1, weights, 1)[0]
+    for world in (2, 4):
+        ranks = comm.run_threads(_split_run, world, weights, world)
+        np.testing.assert_array_equal(ranks[0][1], ranks[-1][1])
+        compare_with_one_rank(ranks[0][1], one[1])
+        for tokens, logits in comm.run_threads(_split_run, world, weights, world, True):
+            assert tokens == one[0]
+            np.testing.assert_array_equal(logits, one[1])
 
 
 @pytest.mark.cpu
@@ -552,6 +586,27 @@ def test_tp_exact_layout_gives_one_gpus_logits_bit_for_bit():
                                                  timeout=120):
             assert tokens == one[0], (world, method)
             np.testing.assert_array_equal(logits, one[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_generate_tp_exact_on_two_gpus_runs_a_llama_checkpoint(capsys):
+    """llama-silu (no sub-norms, 1 KV head) in the exact layout on 2 GPUs: one GPU's 6 greedy
+    tokens, and the CLI's --tp 2 --tp-exact runs it."""
+    from bitnet_ffi import cli
+    from bitnet_ffi.generate import Model
+    if _gpus() < 2:
+        pytest.skip(f"needs 2 GPUs, found {_gpus()}")
+    path = os.path.join(FIXTURES, "llama-silu")
+    prompt = [int(i) for i in np.load(os.path.join(path, "reference.npz"))["prompt0"]]
+    one = Model.load(path, device="cuda", progress=False).generate(prompt, max_tokens=6,
+                                                                   stop=False)[0].ids
+    ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer", None, True),
+                               timeout=120)
+    assert ranks[0][0] == ranks[1][0] == one
+    assert cli.main(["generate", "--model", path, "--prompt", "The quick brown fox", "--tp", "2",
+                     "--tp-exact", "--max-tokens", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["timings"]["tp_exact"] is True
 
 
 @pytest.mark.gpu
