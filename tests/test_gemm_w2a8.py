@@ -80,3 +80,36 @@ def test_gemm_gpu_large_shapes_int32(rng):
         bn.gemv_w2a8(tw, x, torch.ones(N, device="cuda"), out_dtype="int32", out=out)
         w_q = tw.unpack().double()
         assert torch.equal(out, (x.double() @ w_q.T).to(torch.int32))
+
+
+@pytest.mark.gpu
+def test_gemm_gpu_splits_the_last_tiles_into_pieces(rng):
+    """Problems of a few more 128 x 128 tiles than the GPU has SMs (odd M, a part token tile): on
+    compute capability 9.0 the tiles past the whole waves run in pieces along K (4, 3 and 2 pieces
+    here on 132 SMs), the last piece of each adding up the others' dots (gemm_w2a8.cu). int32
+    against the float64 product, a second call (the pieces' counters start from zero again), and
+    replays of a CUDA graph that captured it (its scratch memory is then a graph allocation)."""
+    torch = pytest.importorskip("torch")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    N = 100
+    for rest, K in ((5, 8192), (sms // 3, 8192), (1, 4096)):
+        M = 128 * (sms + rest) - 37
+        codes = torch.randint(0, 3, (4, M, K // 4), dtype=torch.uint8, device="cuda")
+        packed = codes[0] | codes[1] << 2 | codes[2] << 4 | codes[3] << 6
+        tw = bn.TernaryWeights(packed, torch.ones(M, device="cuda"))
+        x = torch.from_numpy(rng.integers(-128, 128, (N, K), dtype=np.int8)).cuda()
+        x_scales = torch.ones(N, device="cuda")
+        want = (x.double() @ tw.unpack().double().T).to(torch.int32)
+        out = torch.empty((N, M), dtype=torch.int32, device="cuda")
+        for _ in range(2):
+            out.fill_(0x7F)
+            bn.gemv_w2a8(tw, x, x_scales, out_dtype="int32", out=out)
+            assert torch.equal(out, want), (M, K)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            bn.gemv_w2a8(tw, x, x_scales, out_dtype="int32", out=out)
+        for _ in range(2):
+            out.fill_(0x7F)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), (M, K, "graph")

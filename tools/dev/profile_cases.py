@@ -53,6 +53,8 @@ CASES = {
     "decode-32768": lambda: attention(1, 32768),
     "gemv-5120x27648": lambda: gemv(5120, 27648, 1),
     "gemv-13824x2560": lambda: gemv(13824, 2560, 1),
+    "gemm-2560x2560x4096": lambda: gemv(2560, 2560, 4096),
+    "gemm-13824x2560x960": lambda: gemv(13824, 2560, 960),
     "norm-int8": lambda: norm(4096, 2560, True),
     "norm": lambda: norm(4096, 2560, False),
 }

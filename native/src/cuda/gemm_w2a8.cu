@@ -12,6 +12,7 @@
  *   a share of the outputs.
  * - Epilogue: float32(float32(dot) * w_scale) / x_scale (the GEMV's rule), or the int32 dot.
  * The packed weights are the GEMV's: no second copy. Measured numbers: docs/gemm.md. */
+#include <algorithm>
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -47,6 +48,10 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
 
 #ifndef GEMM_WGMMA_ROWS
 #define GEMM_WGMMA_ROWS 0
+#endif
+/* 0 turns off the split of the last partial wave's tiles (for tools/dev/gemm_variants.sh). */
+#ifndef GEMM_WGMMA_REMAINDER
+#define GEMM_WGMMA_REMAINDER 1
 #endif
 
 
@@ -390,7 +395,16 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
             if (!(blocks <= sms ? k_tiles >= 4 : blocks <= 3 * sms && k_tiles >= 16)) break;
             split *= 2;
         }
-        return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 * split <= sms, split, s);
+        /* More tiles than SMs: the tiles past the last whole wave of one per SM are split along K
+         * into pieces of >= 16 tiles of K, as many as fill the SMs beside the waves (5120 x 27648 at
+         * 960 tokens: 264 tiles whole, 56 in 2 pieces each, 303 -> 264 us; pieces of 5 and 10 tiles
+         * of K were slower or no faster: log 2026-11-27-17). */
+        const int64_t full_tiles = blocks_128 / sms * sms, rest = blocks_128 - full_tiles;
+        int pieces = 1;
+        if (GEMM_WGMMA_REMAINDER && rows == 128 && split == 1 && blocks_128 > sms && rest > 0)
+            pieces = static_cast<int>(std::min<int64_t>({8, sms / rest, K / kTileK / 16}));
+        return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 * split <= sms, split, full_tiles,
+                              pieces, s);
     }
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where
      * that still leaves two waves of blocks. */

@@ -128,13 +128,63 @@ __device__ __forceinline__ void store8(const GemmArgs &a, int n, int m, const ui
     }
 }
 
+/* The tiles from `full_tiles` on are each split along K over `pieces` blocks (block full_tiles +
+ * `pieces` i + p is piece p of tile full_tiles + i). Scratch: arrivals[i], zero before the launch,
+ * counts the pieces of tile i that are done; partials[i][p] holds piece p's int32 dots. */
+struct Remainder {
+    int full_tiles, pieces;
+    int *arrivals;
+    int4 *partials;
+};
+
+/* A remainder tile's piece (this block, blockIdx.x >= full_tiles): stores its dots in its slot; the
+ * piece that arrives last adds the others' into acc and returns true (it stores the tile), the others
+ * return false. Slots are [int4 i][thread]: each thread reads back its own accumulators' positions,
+ * and a warp's stores are contiguous. */
+template <int MT>
+__device__ bool gather_pieces(const Remainder &rem, int (&acc)[MT][64]) {
+    constexpr int kVectors = MT * 16;
+    const int slot = (static_cast<int>(blockIdx.x) - rem.full_tiles) / rem.pieces;
+    const int piece = (static_cast<int>(blockIdx.x) - rem.full_tiles) % rem.pieces;
+    int4 *tile = rem.partials + static_cast<int64_t>(slot) * rem.pieces * kVectors * kThreads + threadIdx.x;
+    int4 *mine = tile + static_cast<int64_t>(piece) * kVectors * kThreads;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int v = 0; v < 16; v++)
+            mine[(mt * 16 + v) * kThreads] = make_int4(acc[mt][4 * v], acc[mt][4 * v + 1], acc[mt][4 * v + 2],
+                                                       acc[mt][4 * v + 3]);
+    __threadfence();
+    __syncthreads();
+    int last = 0;
+    if (threadIdx.x == 0) last = atomicAdd(&rem.arrivals[slot], 1) == rem.pieces - 1;
+    if (!__syncthreads_or(last)) return false;
+    __threadfence();
+    for (int p = 0; p < rem.pieces; p++) {
+        if (p == piece) continue;
+        const int4 *other = tile + static_cast<int64_t>(p) * kVectors * kThreads;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int v = 0; v < 16; v++) {
+                const int4 d = __ldcg(other + (mt * 16 + v) * kThreads);
+                acc[mt][4 * v] += d.x;
+                acc[mt][4 * v + 1] += d.y;
+                acc[mt][4 * v + 2] += d.z;
+                acc[mt][4 * v + 3] += d.w;
+            }
+    }
+    return true;
+}
+
 /* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). A 1-D
  * grid of token tiles x row tiles (x SPLIT: the blocks of a cluster take equal shares of K, then each
- * adds up one SPLIT-th of the tile over the cluster's blocks), in groups of kGroupTokenTiles
+ * adds up one SPLIT-th of the tile over the cluster's blocks; PIECES: the Remainder's tiles in pieces), in groups of kGroupTokenTiles
  * token tiles: tile b of a group is token tile b % (tiles in the group) and row tile
  * b / (tiles in the group). */
-template <int MT, int STAGES, int SPLIT>
-__global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector) {
+template <int MT, int STAGES, int SPLIT, bool PIECES>
+__global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector,
+                                                                     const Remainder rem) {
     using S = Shape<MT, STAGES>;
     constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes;
     extern __shared__ int4 shared[];
@@ -145,14 +195,20 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     const int g = lane / 4, t = lane % 4;
     const int warpgroup = warp / 4, warp_in_group = warp % 4;
     const int row_tiles = (a.M + S::kRows - 1) / S::kRows, token_tiles = (a.N + kTokens - 1) / kTokens;
-    const int tile = static_cast<int>(blockIdx.x) / SPLIT, split = static_cast<int>(blockIdx.x) % SPLIT;
+    /* Its tile, and its share of K: split of `parts` (a cluster's SPLIT, or a remainder tile's pieces). */
+    const bool piece = PIECES && static_cast<int>(blockIdx.x) >= rem.full_tiles;
+    const int parts = piece ? rem.pieces : SPLIT;
+    const int tile = piece ? rem.full_tiles + (static_cast<int>(blockIdx.x) - rem.full_tiles) / parts
+                           : static_cast<int>(blockIdx.x) / SPLIT;
+    const int split = piece ? (static_cast<int>(blockIdx.x) - rem.full_tiles) % parts
+                            : static_cast<int>(blockIdx.x) % SPLIT;
     const int group = tile / (kGroupTokenTiles * row_tiles);
     const int in_group = tile - group * kGroupTokenTiles * row_tiles;
     const int group_tiles = min(kGroupTokenTiles, token_tiles - group * kGroupTokenTiles);
     const int token0 = (group * kGroupTokenTiles + in_group % group_tiles) * kTokens;
     const int row0 = in_group / group_tiles * S::kRows;
-    const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / SPLIT);
-    const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / SPLIT) - kt0;
+    const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / parts);
+    const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / parts) - kt0;
     const int64_t w_row_bytes = a.K / 4;
 
     bn_pdl_wait();
@@ -247,6 +303,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     wgmma_wait<0>();
     copy_wait<0>();
     bn_pdl_launch_dependents();
+    if (PIECES && static_cast<int>(blockIdx.x) >= rem.full_tiles && !gather_pieces<MT>(rem, acc)) return;
 
     /* acc[mt][4 j + 2 half + e]: row a_row + 64 mt + 8 half, token 8 j + 2 t + e. The scales are
      * loaded before any store (y might alias them as far as the compiler knows). */
@@ -332,15 +389,39 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     }
 }
 
-template <int MT, int STAGES, int SPLIT>
-bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream) {
+template <int MT, int STAGES, int SPLIT, bool PIECES = false>
+bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
+                     Remainder rem = {INT32_MAX, 1, nullptr, nullptr}) {
+    static_assert(!PIECES || SPLIT == 1, "a remainder tile's pieces are not in clusters");
     using S = Shape<MT, STAGES>;
-    auto kernel = gemm_w2a8_wgmma<MT, STAGES, SPLIT>;
+    auto kernel = gemm_w2a8_wgmma<MT, STAGES, SPLIT, PIECES>;
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
     const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
     /* <= INT32_MAX: the caller's */
-    const dim3 grid(bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows) * SPLIT);
-    BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector));
+    const int64_t tiles = bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows);
+    const dim3 grid(rem.full_tiles < tiles ? rem.full_tiles + (tiles - rem.full_tiles) * rem.pieces
+                                           : tiles * SPLIT);
+    BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector,
+                                      rem));
+    return BITNET_OK;
+}
+
+/* 128-row blocks, 5 stages, the tiles from full_tiles on in `pieces` pieces each (Remainder). */
+bitnet_status launch_remainder(int32_t device, const GemmArgs &a, int64_t full_tiles, int pieces,
+                               cudaStream_t stream) {
+    const int64_t split_tiles = bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, 128) - full_tiles;
+    const int64_t partial_bytes = split_tiles * pieces * kThreads * 64 * sizeof(int);
+    void *scratch = nullptr;
+    BN_TRY(bn_cuda_scratch_alloc(device, partial_bytes + split_tiles * sizeof(int), stream, &scratch));
+    Remainder rem = {static_cast<int>(full_tiles), pieces,
+                     reinterpret_cast<int *>(static_cast<char *>(scratch) + partial_bytes),
+                     static_cast<int4 *>(scratch)};
+    cudaError_t err = cudaMemsetAsync(rem.arrivals, 0, split_tiles * sizeof(int), stream);
+    bitnet_status status = err == cudaSuccess ? launch<1, 5, 1, true>(device, a, stream, rem) : BITNET_OK;
+    const cudaError_t free_err = cudaFreeAsync(scratch, stream);
+    BN_CUDA_TRY(err);
+    BN_TRY(status);
+    BN_CUDA_TRY(free_err);
     return BITNET_OK;
 }
 
@@ -357,7 +438,8 @@ bitnet_status launch_split(int32_t device, const GemmArgs &a, int split, cudaStr
 }  // namespace
 
 bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, bool one_per_sm, int split,
-                                      cudaStream_t stream) {
+                                      int64_t full_tiles, int pieces, cudaStream_t stream) {
     if (rows == 256) return launch<2, 8, 1>(device, a, stream);
+    if (pieces > 1) return launch_remainder(device, a, full_tiles, pieces, stream);
     return one_per_sm ? launch_split<10>(device, a, split, stream) : launch_split<5>(device, a, split, stream);
 }
