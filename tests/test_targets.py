@@ -25,7 +25,7 @@ def committed_run():
 @pytest.mark.cpu
 def test_the_committed_run_meets_every_target():
     run = committed_run()
-    assert {r["tool"] for r in run["results"]} == {"gemv", "rmsnorm", "attention", "demo"}
+    assert {r["tool"] for r in run["results"]} == {"gemv", "gemm", "rmsnorm", "attention", "demo"}
     measured = [measure(run["results"]) for _, _, measure, *_ in report.TARGETS]
     assert len(measured) == len(report.TARGETS) >= 20
     assert report.unmet_targets(run["results"]) == []
@@ -53,10 +53,11 @@ def test_this_gpu_meets_every_target(cuda, tmp_path):
     keep = Path(os.environ.get("BITNET_RESULTS_DIR", tmp_path))  # where the run's JSONs stay
     keep.mkdir(parents=True, exist_ok=True)
     results = []
-    for tool in ("gemv", "rmsnorm", "attention"):
+    for tool, options in (("gemv", []), ("gemm", ["--tokens", "16,64,960,4096"]), ("rmsnorm", []),
+                          ("attention", [])):
         path = keep / f"bench_{tool}.json"
-        subprocess.run([sys.executable, str(REPO / "tools" / f"bench_{tool}.py"), "--json", str(path)],
-                       cwd=REPO, check=True, capture_output=True, timeout=600)
+        subprocess.run([sys.executable, str(REPO / "tools" / f"bench_{tool}.py"), *options, "--json",
+                        str(path)], cwd=REPO, check=True, capture_output=True, timeout=600)
         results.append(json.loads(path.read_text()))
     for batch in (1, 8):
         demo = subprocess.run([sys.executable, "-m", "bitnet_ffi", "demo", "--json", "--batch", str(batch)],

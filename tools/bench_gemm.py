@@ -12,6 +12,7 @@ import math
 
 import bitnet_ffi as bn
 from gpu_bench import graph_time_us
+from report import emit
 
 ROTATE_BYTES = 512 << 20
 SHAPES = [(2560, 2560), (3840, 2560), (13824, 2560), (2560, 6912), (5120, 27648), (55296, 5120)]
@@ -60,21 +61,6 @@ def bench_shape(torch, M, K, N, with_torch):
     return row
 
 
-def markdown(result):
-    lines = [f"gemv_w2a8 at N tokens on {result['device']}, bf16 output, L2 cold, median of 7 graph "
-             "replays; torch in the same process.", "",
-             "| M×K | N | ours µs | ours TOP/s | torch bf16 TFLOP/s | × bf16 | torch._int_mm TOP/s | × _int_mm |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        lines.append("| {}×{} | {} | {:.2f} | {:.0f} | {} | {} | {} | {} |".format(
-            r["M"], r["K"], r["N"], r["us"], r["TOPs"],
-            f"{r['torch_bf16_TOPs']:.0f}" if "torch_bf16_TOPs" in r else "",
-            f"{r['vs_bf16']:.2f}" if "vs_bf16" in r else "",
-            f"{r['torch_int_mm_TOPs']:.0f}" if "torch_int_mm_TOPs" in r else "",
-            f"{r['vs_int_mm']:.2f}" if "vs_int_mm" in r else ""))
-    return "\n".join(lines)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", help="comma-separated MxK (default: the six of the issue)")
@@ -90,11 +76,7 @@ def main():
         for N in tokens:
             rows.append(bench_shape(torch, M, K, N, not args.no_torch))
             print(json.dumps(rows[-1]), flush=True)
-    result = {"tool": "gemm", "device": torch.cuda.get_device_name(), "rows": rows}
-    print(markdown(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    emit({"tool": "gemm", "device": torch.cuda.get_device_name(), "rows": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds for sm_90 and runs, on a GPU machine, the stages named as arguments, logging to $OUT (or
 # ./gpu-logs): tiers (tiers 1-3 under BITNET_STRICT_MODE=1), demo (--check, then the main job as
-# JSON at batch 1 and 8, and their tables), bench (the GEMV, RMSNorm and attention benchmarks),
+# JSON at batch 1 and 8, and their tables), bench (the GEMV, GEMM, RMSNorm and attention benchmarks),
 # models (tier 3 of tests/test_models.py, then a full-size random checkpoint in 2B4T's layout:
 # load to first token and generate's decode beside the demo's at the same shapes).
 #   tools/gpu_run.sh tiers demo bench models
@@ -26,7 +26,7 @@ for stage in "$@"; do
         done
         python3 tools/report.py "$out/demo_b1.json" "$out/demo_b8.json" ;;
     bench)
-        for op in gemv rmsnorm attention; do
+        for op in gemv gemm rmsnorm attention; do
             python3 "tools/bench_$op.py" --json "$out/bench_$op.json" > "$out/bench_$op.log" 2>&1 \
                 || status=1
             tail -5 "$out/bench_$op.log"

@@ -125,6 +125,21 @@ def case_label(r):
     return r["op"]
 
 
+def gemm_markdown(result):
+    lines = [f"gemv_w2a8 at N tokens on {result['device']}, bf16 output, L2 cold, median of 7 graph "
+             "replays; torch in the same process.", "",
+             "| M×K | N | ours µs | ours TOP/s | torch bf16 TFLOP/s | × bf16 | torch._int_mm TOP/s | × _int_mm |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        lines.append("| {}×{} | {} | {:.2f} | {:.0f} | {} | {} | {} | {} |".format(
+            r["M"], r["K"], r["N"], r["us"], r["TOPs"],
+            f"{r['torch_bf16_TOPs']:.0f}" if "torch_bf16_TOPs" in r else "",
+            f"{r['vs_bf16']:.2f}" if "vs_bf16" in r else "",
+            f"{r['torch_int_mm_TOPs']:.0f}" if "torch_int_mm_TOPs" in r else "",
+            f"{r['vs_int_mm']:.2f}" if "vs_int_mm" in r else ""))
+    return "\n".join(lines)
+
+
 def ab_markdown(named_results):
     """Variants' rounds side by side: µs, min-max over the rounds of each variant, one row per
     variant (in order of first appearance), one column per case. named_results: [(variant, the
@@ -251,6 +266,14 @@ def _attn(results, kind, B, L):
     return next(r for r in _tool(results, "attention")["results"] if (r["kind"], r["B"], r["L"]) == (kind, B, L))
 
 
+def _gemm_vs_bf16(results, keep):
+    """The least ours-over-torch-bf16 speed ratio among the GEMM rows that keep(row) takes."""
+    return min(r["vs_bf16"] for r in _tool(results, "gemm")["rows"] if keep(r))
+
+
+GEMM_LARGE = {(13824, 2560), (5120, 27648), (55296, 5120)}
+
+
 def _demo(results, batch):
     return next(r for r in results if r["tool"] == "demo" and r["batch"] == batch)
 
@@ -316,6 +339,21 @@ TARGETS = [
      lambda r: _at_most(_attn(r, "decode", 1, 1024)["us"], 5, "{:.2f} µs")),
     ("attention", "causal prefill L = 4096 ≥ 250 TFLOP/s",
      lambda r: _at_least(_attn(r, "prefill", 1, 4096)["tflops"], 250, "{:.0f} TFLOP/s")),
+    ("GEMM", "N ≥ 960: at least torch bf16's speed at every shape (issue 39)",
+     lambda r: _at_least(_gemm_vs_bf16(r, lambda x: x["N"] >= 960), 1, "{:.2f}× (least)"),
+     OPEN_ISSUE_NOTE.format(39, "2026-11-27-17")),
+    ("GEMM", "N ≥ 960: ≥ 1.3× torch bf16 on 13824×2560, 5120×27648 and 55296×5120 (issue 39)",
+     lambda r: _at_least(_gemm_vs_bf16(r, lambda x: x["N"] >= 960 and (x["M"], x["K"]) in GEMM_LARGE),
+                         1.3, "{:.2f}× (least)"), OPEN_ISSUE_NOTE.format(39, "2026-11-27-17")),
+    ("GEMM", "N = 64: ≥ 2× torch bf16 at every shape (issue 39)",
+     lambda r: _at_least(_gemm_vs_bf16(r, lambda x: x["N"] == 64), 2, "{:.2f}× (least)"),
+     OPEN_ISSUE_NOTE.format(39, "2026-11-27-17")),
+    ("GEMM", "N = 16: ≥ 3× torch bf16 at every shape (issue 39)",
+     lambda r: _at_least(_gemm_vs_bf16(r, lambda x: x["N"] == 16), 3, "{:.2f}× (least)"),
+     OPEN_ISSUE_NOTE.format(39, "2026-11-27-17")),
+    ("GEMM", "no N at which gemv_w2a8 is slower than torch bf16 (issue 39)",
+     lambda r: _at_least(_gemm_vs_bf16(r, lambda x: True), 1, "{:.2f}× (least)"),
+     OPEN_ISSUE_NOTE.format(39, "2026-11-27-17")),
     ("demo", "decode ≤ 1.0 ms per token (batch 1, context 1024)",
      lambda r: _at_most(_demo(r, 1)["decode_ms_per_token"], 1.0, "{:.3f} ms"), DEMO_TIMING_NOTE),
     ("demo", "≥ 3× faster than the same model in torch bf16 (batch 1)",
@@ -391,7 +429,8 @@ def page_markdown(path, charts_dir="docs/charts", draw=True):
     gpu_results = [r for r in results if r["tool"] != "demo"]
     demos = sorted((r for r in results if r["tool"] == "demo"), key=lambda r: r["batch"])
     if draw:
-        charts = [CHARTS[r["tool"]](r, charts_dir) for r in gpu_results] + [demo_chart(demos, charts_dir)]
+        charts = [CHARTS[r["tool"]](r, charts_dir) for r in gpu_results if r["tool"] in CHARTS]
+        charts.append(demo_chart(demos, charts_dir))
     else:
         charts = [os.path.join(charts_dir, name) for name in CHART_FILES]
     sections = [
@@ -406,6 +445,7 @@ def page_markdown(path, charts_dir="docs/charts", draw=True):
         f"## Targets ({run['gpu']}, {run['date']}, commit {run['commit']})",
         targets_markdown(results),
         "## W2A8 GEMV", gemv_markdown(_tool(results, "gemv")),
+        "## W2A8 GEMM (many tokens: prefill, large batches)", gemm_markdown(_tool(results, "gemm")),
         "## RMSNorm", rmsnorm_markdown(_tool(results, "rmsnorm")),
         "## Attention", attention_markdown(_tool(results, "attention")),
         "## Model demo", demo_markdown(demos),
@@ -415,7 +455,8 @@ def page_markdown(path, charts_dir="docs/charts", draw=True):
     return "\n\n".join(sections) + "\n"
 
 
-MARKDOWN = {"gemv": gemv_markdown, "rmsnorm": rmsnorm_markdown, "attention": attention_markdown}
+MARKDOWN = {"gemv": gemv_markdown, "gemm": gemm_markdown, "rmsnorm": rmsnorm_markdown,
+            "attention": attention_markdown}
 CHARTS = {"gemv": gemv_chart, "rmsnorm": rmsnorm_chart, "attention": attention_chart}
 
 
