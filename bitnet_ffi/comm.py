@@ -61,14 +61,16 @@ class PeerBuffers:
                                        f"{_arrays.device_name(device)}")
         return arrays, handle
 
-    def all_reduce(self, x, out, stream=None):
-        """out = sum over ranks of x (float32 accumulation; out may have another float dtype)."""
+    def all_reduce(self, x, out, stream=None, alone=False):
+        """out = sum over ranks of x (float32 accumulation; out may have another float dtype).
+        ``alone``: this rank's x only, converted to out's dtype (x already summed elsewhere, by
+        NCCL)."""
         arrays, handle = self._call("allreduce", {"x": x, "out": out}, stream)
         xa = _arrays.check(arrays["x"], "x", FLOAT_DTYPES, (None,) * len(arrays["x"].shape))
         oa = _arrays.check(arrays["out"], "out", FLOAT_DTYPES, xa.shape)
+        world, rank, table = (1, 0, self.own_table) if alone else (self.world, self.rank, self.table)
         _ffi.call("peer_allreduce", self.device, DTYPE_CODES[xa.dtype], DTYPE_CODES[oa.dtype],
-                  xa.size, xa.cptr(), oa.cptr(), self.table, self.world, self.rank, self.nbytes,
-                  handle)
+                  xa.size, xa.cptr(), oa.cptr(), table, world, rank, self.nbytes, handle)
         return out
 
     def all_reduce_rms(self, x, out, norm_cols, eps, stream=None, alone=False):
@@ -144,8 +146,13 @@ class Group:
             ctx.on_abort(self.nccl.abort)
 
     def all_reduce(self, x, out, stream=None):
+        """out = sum over ranks of x. With NCCL and another dtype for out: NCCL's in-place sum of
+        x, then the conversion alone (x is overwritten)."""
         if self.method == "nccl" and self.nccl is not None:
-            return self.nccl.all_reduce(x, out, stream=stream)
+            if _arrays.as_array(out, "out").dtype == _arrays.as_array(x, "x").dtype:
+                return self.nccl.all_reduce(x, out, stream=stream)
+            self.nccl.all_reduce(x, x, stream=stream)
+            return self.peer.all_reduce(x, out, stream=stream, alone=True)
         return self.peer.all_reduce(x, out, stream=stream)
 
     def all_reduce_rms(self, x, out, norm_cols, eps, stream=None):

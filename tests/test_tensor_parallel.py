@@ -460,7 +460,7 @@ def _collectives_rank(ctx, method, seed, replays):
     stream = Stream(ctx.device)
     pairs = ([("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"),
               ("float32", "bfloat16")] if method == "peer" else
-             [("float32", "float32"), ("bfloat16", "bfloat16")])
+             [("float32", "float32"), ("bfloat16", "bfloat16"), ("float32", "bfloat16")])
     cases = []
     for n in SIZES:
         for xd, yd in pairs:
