@@ -47,8 +47,10 @@ def check_outputs(tw, w_q, w_scales, x_q, x_scales, dtypes=("int32", "float32", 
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("M,K,N", [(1, 128, 1), (7, 384, 3), (333, 2560, 8), (333, 1280, 16),
-                                   (64, 640, 33), (3840, 2560, 1)])
+                                   (64, 640, 33), (3840, 2560, 1), (37, 6912, 21), (5, 27648, 9)])
 def test_gemv_cpu_matches_reference(rng, isa, M, K, N):
+    """Also tokens over several of the CPU kernel's token blocks (6912: 8 tokens a block, the
+    last one part full; 27648: blocks of 4, the least)."""
     w_q, w_scales, x_q, x_scales = make_problem(rng, M, K, N)
     check_outputs(bn.pack_ternary(w_q, w_scales), w_q, w_scales, x_q, x_scales)
 

@@ -1,6 +1,8 @@
 /* CPU W2A8 GEMV: y[n, m] = (dot(codes[m], x_q[n]) - sum(x_q[n])) * w_scales[m] / x_scales[n],
- * codes = W_q + 1 in 0..2 (docs/weight_format.md). OpenMP over rows; per row, the 2-bit codes of
- * 64 weights (16 packed bytes) are expanded once and applied to every token.
+ * codes = W_q + 1 in 0..2 (docs/weight_format.md). Tokens go in blocks whose permuted x (at most
+ * X_BLOCK_BYTES) stays in a core's L2 while every row passes by: OpenMP over rows within a block;
+ * per row, the 2-bit codes of 64 weights (16 packed bytes) are expanded once and applied to every
+ * token of the block.
  * SIMD: the 16 packed bytes broadcast to four 128-bit lanes, lane i shifted right by 2i and masked
  * with 0x03 gives byte 4*(4i+g)+b = code of weight 16g+4i+b, so x is permuted once per call into
  * that order (a 4x4 transpose of its 32-bit words in each block of 64) and one vpdpbusd (AVX-512
@@ -11,7 +13,9 @@
 
 #include "internal.h"
 
-enum { BLOCK = 64, TOKEN_GROUP = 4 };
+/* X_BLOCK_BYTES: at 960 tokens, 2560 x 6912 took 274 ms in one block and 90 ms in blocks of 64 KB
+ * (8 tokens); 128 KB to 1 MB were 3-20% slower than 64 KB (docs/log/2026-11-27.md#2026-11-27-21). */
+enum { BLOCK = 64, TOKEN_GROUP = 4, X_BLOCK_BYTES = 64 << 10 };
 
 static uint32_t load_u32(const void *p) {
     uint32_t v;
@@ -147,16 +151,21 @@ bitnet_status bn_cpu_gemv_w2a8(const uint8_t *w_packed, const float *w_scales, i
         for (int64_t k = 0; k < K; k++) sum += x_q[n * K + k];
         x_sums[n] = sum;
     }
-#pragma omp parallel for schedule(static) if ((double)M * K * N >= BN_CPU_PARALLEL_MIN_WORK)
-    for (int64_t m = 0; m < M; m++) {
-        const uint8_t *w_row = w_packed + m * (K / 4);
-        for (int64_t n0 = 0; n0 < N; n0 += TOKEN_GROUP) {
-            int tokens = N - n0 < TOKEN_GROUP ? (int)(N - n0) : TOKEN_GROUP;
-            int32_t group_dots[TOKEN_GROUP];
-            dots(w_row, x_perm + n0 * K, K, tokens, group_dots);
-            for (int t = 0; t < tokens; t++)
-                store(y, y_dtype, (n0 + t) * M + m, group_dots[t] - x_sums[n0 + t], w_scales[m],
-                      x_scales[n0 + t]);
+    int64_t block_tokens = X_BLOCK_BYTES / K / TOKEN_GROUP * TOKEN_GROUP;
+    if (block_tokens < TOKEN_GROUP) block_tokens = TOKEN_GROUP;
+    for (int64_t b0 = 0; b0 < N; b0 += block_tokens) {
+        const int64_t b1 = N - b0 < block_tokens ? N : b0 + block_tokens;
+#pragma omp parallel for schedule(static) if ((double)M * K * (b1 - b0) >= BN_CPU_PARALLEL_MIN_WORK)
+        for (int64_t m = 0; m < M; m++) {
+            const uint8_t *w_row = w_packed + m * (K / 4);
+            for (int64_t n0 = b0; n0 < b1; n0 += TOKEN_GROUP) {
+                int tokens = b1 - n0 < TOKEN_GROUP ? (int)(b1 - n0) : TOKEN_GROUP;
+                int32_t group_dots[TOKEN_GROUP];
+                dots(w_row, x_perm + n0 * K, K, tokens, group_dots);
+                for (int t = 0; t < tokens; t++)
+                    store(y, y_dtype, (n0 + t) * M + m, group_dots[t] - x_sums[n0 + t], w_scales[m],
+                          x_scales[n0 + t]);
+            }
         }
     }
     free(x_perm);
