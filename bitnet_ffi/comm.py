@@ -61,6 +61,10 @@ class PeerBuffers:
                                        f"{_arrays.device_name(device)}")
         return arrays, handle
 
+    def _peers(self, alone):
+        """(world, rank, buffer table) of a call: every rank's buffer, or this rank's x alone."""
+        return (1, 0, self.own_table) if alone else (self.world, self.rank, self.table)
+
     def all_reduce(self, x, out, stream=None, alone=False):
         """out = sum over ranks of x (float32 accumulation; out may have another float dtype).
         ``alone``: this rank's x only, converted to out's dtype (x already summed elsewhere, by
@@ -68,7 +72,7 @@ class PeerBuffers:
         arrays, handle = self._call("allreduce", {"x": x, "out": out}, stream)
         xa = _arrays.check(arrays["x"], "x", FLOAT_DTYPES, (None,) * len(arrays["x"].shape))
         oa = _arrays.check(arrays["out"], "out", FLOAT_DTYPES, xa.shape)
-        world, rank, table = (1, 0, self.own_table) if alone else (self.world, self.rank, self.table)
+        world, rank, table = self._peers(alone)
         _ffi.call("peer_allreduce", self.device, DTYPE_CODES[xa.dtype], DTYPE_CODES[oa.dtype],
                   xa.size, xa.cptr(), oa.cptr(), table, world, rank, self.nbytes, handle)
         return out
@@ -89,7 +93,7 @@ class PeerBuffers:
         if xa.size != T * n + T:
             raise InvalidArgumentError(f"x: expected {T} * {n} outputs and {T} sums of squares "
                                        f"({T * n + T} float32), got {xa.describe()}")
-        world, rank, table = (1, 0, self.own_table) if alone else (self.world, self.rank, self.table)
+        world, rank, table = self._peers(alone)
         _ffi.call("peer_allreduce_rms", self.device, DTYPE_CODES[oa.dtype], T, n,
                   _arrays.integer(norm_cols, "norm_cols"), _arrays.number(eps, "eps"),
                   xa.cptr("float *"), oa.cptr(), table, world, rank, self.nbytes, handle)

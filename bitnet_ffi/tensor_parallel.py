@@ -35,8 +35,8 @@ The step is captured as one CUDA graph per rank (the collectives run on the step
 1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``:
 5 KV heads over 2 ranks are 3 and 2). The model needs only the Config and ``Shard``s:
 ``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads a
-checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take
-far too long to quantize from floats)."""
+checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on its
+device (a 70B shape's 17 GB would take far too long to quantize from floats)."""
 import itertools
 import time
 from dataclasses import dataclass
@@ -214,7 +214,8 @@ class _Slicer:
             h0, h, g0, g = self.h0, self.h, self.g0, self.g
             return ShardLayer(
                 qkv=self.rows(layer.qkv, [(0, len(layer.qkv.scales))]),
-                o=self.rows(layer.o, [(h0, h0 + h)]), gate_up=self.rows(layer.gate_up, [(g0, g0 + g)]),
+                o=self.rows(layer.o, [(h0, h0 + h)]),
+                gate_up=self.rows(layer.gate_up, [(g0, g0 + g)]),
                 down=self.rows(layer.down, [(h0, h0 + h)]),
                 **{name: self.norm(getattr(layer, name))
                    for name in ("attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")})

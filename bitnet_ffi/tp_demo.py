@@ -52,8 +52,8 @@ def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, tim
     """Runs decode_rank on `tp` GPUs (one process set for all configs); for each config the
     slowest rank's step time and rank 0's tokens."""
     from .launcher import run_ranks
-    ranks = run_ranks(decode_rank, tp, args=(list(configs), prompt_len, tokens, method, seed, exact),
-                      timeout=timeout)
+    ranks = run_ranks(decode_rank, tp,
+                      args=(list(configs), prompt_len, tokens, method, seed, exact), timeout=timeout)
     results = []
     for index, config in enumerate(configs):
         per_rank = [r[index] for r in ranks]
@@ -101,7 +101,7 @@ def main(args):
         print(json.dumps(result, indent=2))
     else:
         print(f"{args.shape} ({config.layers} layers, {result['ternary_gb']:.1f} GB ternary) on "
-              f"{args.tp} GPU(s){', exact layout' if args.exact else ''}, {args.method} collectives: "
-              f"{result['ms_per_token']:.3f} ms per "
+              f"{args.tp} GPU(s){', exact layout' if args.exact else ''}, {args.method} "
+              f"collectives: {result['ms_per_token']:.3f} ms per "
               f"token (CUDA graph replays, slowest rank); greedy tokens {result['tokens']}")
     return 0

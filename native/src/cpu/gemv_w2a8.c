@@ -14,7 +14,8 @@
 #include "internal.h"
 
 /* X_BLOCK_BYTES: at 960 tokens, 2560 x 6912 took 274 ms in one block and 90 ms in blocks of 64 KB
- * (8 tokens); 128 KB to 1 MB were 3-20% slower than 64 KB (docs/log/2026-11-27.md#2026-11-27-21). */
+ * (8 tokens); 128 KB to 1 MB were 3-20% slower than 64 KB
+ * (docs/log/2026-11-27.md#2026-11-27-21). */
 enum { BLOCK = 64, TOKEN_GROUP = 4, X_BLOCK_BYTES = 64 << 10 };
 
 static uint32_t load_u32(const void *p) {
