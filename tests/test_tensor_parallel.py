@@ -385,11 +385,7 @@ def test_llama_layout_splits_on_simulated_ranks():
     """A random model without sub-norms (SiLU): split over 2 and 4 ranks, each rank's slice of o's
     and down's inputs goes to int8 with its own scale and a plain all-reduce adds the partial
     outputs: within LOGIT_BOUND of one rank; the exact layout equals it bit for bit."""
-    import dataclasses
-    weights = quiet_attention(model.random_weights(
-        dataclasses.replace(SPLIT, sub_norms=False, activation="silu"), CPU, seed=7))
-    for layer in weights.layers:
-        layer.attn_sub_norm = layer.ffn_sub_norm = None
+    weights = _llama_weights(7)
     one = comm.run_threads(_split_run, 1, weights, 1)[0]
     for world in (2, 4):
         ranks = comm.run_threads(_split_run, world, weights, world)
@@ -539,8 +535,19 @@ def test_collectives_in_a_replayed_graph_match_host_sums(method):
     assert not problems, problems[:10]
 
 
-def _tp_rank(ctx, world_seed, method, exact=False):
-    weights = quiet_attention(model.random_weights(SPLIT, CPU, seed=world_seed))
+def _llama_weights(seed):
+    """A random model without sub-norms (the Llama layout), SiLU gate, attention quieted."""
+    import dataclasses
+    weights = quiet_attention(model.random_weights(
+        dataclasses.replace(SPLIT, sub_norms=False, activation="silu"), CPU, seed=seed))
+    for layer in weights.layers:
+        layer.attn_sub_norm = layer.ffn_sub_norm = None
+    return weights
+
+
+def _tp_rank(ctx, world_seed, method, exact=False, llama=False):
+    weights = (_llama_weights(world_seed) if llama else
+               quiet_attention(model.random_weights(SPLIT, CPU, seed=world_seed)))
     group = comm.Group(ctx, method=method)
     session = tp.TPSession(tp.shard_weights(weights, ctx.rank, ctx.world, ctx.device, exact),
                            group, 64)
@@ -572,6 +579,24 @@ def test_tp_logits_match_one_gpu():
         print(f"TP = {world} ({method}) vs 1: relative logit error per step "
               f"{np.array2string(error, precision=3)}, same teacher-forced token {same.tolist()}, "
               f"generated {ranks[0][0]} vs {one[0]}")
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_tp_llama_layout_split_matches_one_gpu():
+    """A random model without sub-norms split over 2 GPUs (peer, and NCCL, whose float32 partials
+    are summed in place and then converted to bfloat16): the ranks agree bit for bit, within
+    LOGIT_BOUND of one GPU; in the exact layout one GPU's logits bit for bit."""
+    one = launcher.run_ranks(_tp_rank, 1, args=(5, "peer", False, True), timeout=120)[0]
+    for method in ("peer", "nccl"):
+        ranks = launcher.run_ranks(_tp_rank, 2, args=(5, method, False, True), timeout=120)
+        np.testing.assert_array_equal(ranks[0][1], ranks[1][1])
+        error, same = compare_with_one_rank(ranks[0][1], one[1])
+        print(f"Llama layout, TP = 2 ({method}) vs 1: logit error {np.round(error, 3)}")
+    for tokens, logits in launcher.run_ranks(_tp_rank, 2, args=(5, "peer", True, True),
+                                             timeout=120):
+        assert tokens == one[0]
+        np.testing.assert_array_equal(logits, one[1])
 
 
 @pytest.mark.gpu
