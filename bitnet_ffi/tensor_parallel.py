@@ -522,33 +522,33 @@ class TPSession:
         layout) v goes to int8 as it is (quantize_a8, or the gate's output), and split ranks add
         their float32 partial sums with a plain all-reduce."""
         b, st = self.b, self.stream
+        H = self.config.hidden
         cols = x.shape[-1] // (2 if activation else 1)
         x_q, x_s = _cols(b["x_q"], cols), b["x_s"]
-        if self.solo or self.exact or norm_weight is None:
-            if activation:  # with no weight: quantize_a8 of the gate's output
-                glu_rmsnorm_quantize(x, norm_weight, activation=activation, eps=eps,
-                                     out=(x_q, x_s), stream=st)
-            elif norm_weight is None:
-                quantize_a8(x, out=(x_q, x_s), stream=st)
-            else:
-                rmsnorm_quantize(x, norm_weight, eps=eps, out=(x_q, x_s), stream=st)
-            if self.solo or self.exact:
-                self.project(weights, x_q, x_s, "proj")
-            else:  # a model without sub-norms: this rank's int8 slice, then a plain sum
-                H = self.config.hidden
-                sums = b["part"][:H].reshape(1, H)
-                gemv_w2a8(weights, x_q, x_s, out_dtype="float32", out=sums, stream=st)
-                self.group.all_reduce(sums, b["proj"], stream=st)
-            return
-        H = self.config.hidden
         sums, sumsq = b["part"][:H].reshape(1, H), b["part"][H:]
-        if activation:
-            glu_rmsnorm_partial(x, norm_weight, activation=activation, out=(x_q, x_s),
-                                sumsq=sumsq, stream=st)
+        whole_row = self.solo or self.exact  # v is the whole row on this rank
+        split_norm = not whole_row and norm_weight is not None
+        if split_norm:
+            if activation:
+                glu_rmsnorm_partial(x, norm_weight, activation=activation, out=(x_q, x_s),
+                                    sumsq=sumsq, stream=st)
+            else:
+                rmsnorm_partial(x, norm_weight, out=(x_q, x_s), sumsq=sumsq, stream=st)
+        elif activation:  # with no weight: quantize_a8 of the gate's output
+            glu_rmsnorm_quantize(x, norm_weight, activation=activation, eps=eps, out=(x_q, x_s),
+                                 stream=st)
+        elif norm_weight is None:
+            quantize_a8(x, out=(x_q, x_s), stream=st)
         else:
-            rmsnorm_partial(x, norm_weight, out=(x_q, x_s), sumsq=sumsq, stream=st)
+            rmsnorm_quantize(x, norm_weight, eps=eps, out=(x_q, x_s), stream=st)
+        if whole_row:
+            self.project(weights, x_q, x_s, "proj")
+            return
         gemv_w2a8(weights, x_q, x_s, out_dtype="float32", out=sums, stream=st)
-        self.group.all_reduce_rms(b["part"], b["proj"], width, eps, stream=st)
+        if split_norm:
+            self.group.all_reduce_rms(b["part"], b["proj"], width, eps, stream=st)
+        else:  # no sub-norm: a plain sum of the ranks' partial sums
+            self.group.all_reduce(sums, b["proj"], stream=st)
 
     def decode(self, token=None):
         """One step; `token` (a host int) replaces the step's input, which is otherwise the last
