@@ -54,7 +54,6 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
 #define GEMM_WGMMA_REMAINDER 1
 #endif
 
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
     BN_SM80_ASM("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -179,9 +179,9 @@ __device__ bool gather_pieces(const Remainder &rem, int (&acc)[MT][64]) {
 
 /* `vector`: M % 8 == 0 and y 16-byte aligned (every 8-row store of a block is then aligned). A 1-D
  * grid of token tiles x row tiles (x SPLIT: the blocks of a cluster take equal shares of K, then each
- * adds up one SPLIT-th of the tile over the cluster's blocks; PIECES: the Remainder's tiles in pieces), in groups of kGroupTokenTiles
- * token tiles: tile b of a group is token tile b % (tiles in the group) and row tile
- * b / (tiles in the group). */
+ * adds up one SPLIT-th of the tile over the cluster's blocks; PIECES: the Remainder's tiles in
+ * pieces), in groups of kGroupTokenTiles token tiles: tile b of a group is token tile
+ * b % (tiles in the group) and row tile b / (tiles in the group). */
 template <int MT, int STAGES, int SPLIT, bool PIECES>
 __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector,
                                                                      const Remainder rem) {
