@@ -167,8 +167,11 @@ def test_gpu_decode_scores_rising_along_the_context(rng, dtype, C):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", [(1, 1000, 20, 5, 128), (2, 77, 8, 8, 64), (1, 4096, 32, 8, 128),
                                   (2, 300, 8, 1, 128), (1, 129, 20, 5, 64), (2, 4000, 8, 2, 64),
-                                  (1, 1000, 12, 4, 256), (2, 77, 12, 4, 256), (1, 4096, 12, 4, 256)])
+                                  (1, 1000, 12, 4, 256), (2, 77, 12, 4, 256), (1, 4096, 12, 4, 256),
+                                  (1, 2001, 20, 5, 128), (3, 1000, 32, 8, 128)])
 def test_gpu_prefill_matches_reference_and_sdpa(rng, dtype, case):
+    """Each prefill kernel: 64- and 128-row blocks, D = 256, and on an H100 the wgmma kernel (D = 128
+    with at least 2 of its 128-row blocks per SM: L = 4096, 2001 and B = 3 at 1000)."""
     import torch
     B, L, Hq, Hkv, D = case
     q, k, v = torch_inputs(rng, dtype, B, L, Hq, Hkv, D, L)
@@ -196,6 +199,37 @@ def test_gpu_ragged_matches_cpu_and_reference(rng, Sq, causal):
     ref = reference_attention(q, k, v, causal, None, lens)
     assert_close(host64(gpu), ref, v, "float16")
     assert_close(cpu, ref, v, "float16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_wide_prefill_ragged_matches_reference(rng, causal):
+    """A grid wide enough for the wgmma kernel on an H100 (2 x 6 x 32 blocks of 128 rows), with
+    sequences shorter than the cache, a prompt that is not a multiple of 128 rows and, without the
+    causal mask, keys past the rows."""
+    import torch
+    B, Sq, Hq, Hkv, D, C = 2, 700, 32, 8, 128, 1500
+    lens = [1500, 777]
+    q, k, v = torch_inputs(rng, "bfloat16", B, Sq, Hq, Hkv, D, C)
+    out = torch.full_like(q, float("nan"))
+    bitnet_ffi.attention(q, k, v, causal=causal, seq_lens=lens, out=out)
+    rows = np.unique(np.concatenate([np.arange(70), rng.integers(0, Sq, 40), [Sq - 1]]))
+    ref = reference_attention(host64(q), host64(k), host64(v), causal, None, lens, rows)
+    assert_close(host64(out), ref, host64(v), "bfloat16", rows=rows)
+
+
+@pytest.mark.gpu
+def test_gpu_wide_prefill_device_seq_len_out_of_range_gives_nan_for_that_sequence(rng):
+    import torch
+    B, Sq, Hq, Hkv, D, C = 2, 1024, 32, 8, 128, 1024
+    q, k, v = torch_inputs(rng, "float16", B, Sq, Hq, Hkv, D, C)
+    lens = torch.tensor([1024, 1023], dtype=torch.int32, device="cuda")  # 1023 < Sq: out of range
+    out = bitnet_ffi.attention(q, k, v, seq_lens=lens)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1]).all()
+    rows = np.unique(np.concatenate([np.arange(20), rng.integers(0, Sq, 20), [Sq - 1]]))
+    ref = reference_attention(host64(q[:1]), host64(k[:1]), host64(v[:1]), rows=rows)
+    assert_close(host64(out[:1]), ref, host64(v), "float16", rows=rows)
 
 
 @pytest.mark.gpu

@@ -19,6 +19,12 @@ bitnet_status bn_cuda_attention_prefill(int32_t device, int32_t dtype, int64_t B
                                         const void *k, const void *v, int64_t C,
                                         const int32_t *seq_lens, int32_t causal, float scale,
                                         void *out, cudaStream_t stream);
+/* The prefill kernel on wgmma (attention_prefill_sm90.cu): D = 128, compute capability 9.0, 128-row
+ * blocks (the caller has checked the grid's limits). */
+bitnet_status bn_cuda_attention_prefill_sm90(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
+                                             int64_t Hkv, const void *q, const void *k, const void *v, int64_t C,
+                                             const int32_t *seq_lens, int32_t causal, float scale, void *out,
+                                             cudaStream_t stream);
 
 /* A device-resident length the host could not check: [Sq, C] when causal, [1, C] otherwise. */
 __device__ __forceinline__ bool valid_seq_len(int L, int C, int Sq, int causal) {
@@ -210,4 +216,28 @@ __device__ __forceinline__ void softmax_probs(const float (&s)[4], const float (
     l_run[1] += p2 + p3;
     lo = pack2<T>(p0, p1);
     hi = pack2<T>(p2, p3);
+}
+
+/* Query rows [row_begin, row_end) redone by the calling warp with attend_row and written to out
+ * (out of line, so that its registers stay out of the key loop's). */
+template <typename T, int D>
+__device__ __noinline__ void redo_rows(const T *q_base, const T *k_base, const T *v_base, int64_t q_stride,
+                                       int64_t kv_stride, int row_begin, int row_end, int keys,
+                                       int offset, float scale_log2, T *out_base) {
+    const int lane = threadIdx.x % 32;
+    for (int row = row_begin; row < row_end; row++) {
+        float o_row[D / 32] = {}, m = -INFINITY, l = 0.0f;
+        attend_row<T, D>(q_base + row * q_stride, k_base, v_base, kv_stride, 0,
+                         min(keys, offset + row + 1), scale_log2, o_row, m, l);
+#pragma unroll
+        for (int i = 0; i < D / 32; i++)
+            out_base[row * q_stride + lane * (D / 32) + i] = from_float<T>(o_row[i] / l);
+    }
+}
+
+/* Query rows [row_begin, row_end) of a prefill block all NaN (a device-resident length out of range). */
+template <typename T, int D>
+__device__ void fill_nan_rows(T *out_base, int64_t q_stride, int row_begin, int row_end) {
+    for (int i = threadIdx.x; i < (row_end - row_begin) * D; i += blockDim.x)
+        out_base[(row_begin + i / D) * q_stride + i % D] = from_float<T>(__int_as_float(0x7fc00000));
 }

@@ -10,7 +10,15 @@
  * FLOPs (causal): 2 L^2 D H.
  * H100, bf16, 20/5 heads, d = 128 (BENCHMARKS.md, 2026-11-26): 161 TFLOP/s at L = 1024 (64-row
  * tiles), 307 at 4096, 353 at 16384. */
+#include <type_traits>
+
 #include "attention_common.cuh"
+
+/* On compute capability 9.0, D = 128 takes the wgmma kernel (attention_prefill_sm90.cu) from this many
+ * of its 128-row blocks per SM on (built with -DBN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM=n to time others). */
+#ifndef BN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM
+#define BN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM 2
+#endif
 
 namespace {
 
@@ -55,23 +63,6 @@ __device__ __forceinline__ void load_rows(uint4 (*dst)[D / 8], const T *src, int
     }
 }
 
-/* Query rows [row_begin, row_end) redone by the calling warp with attend_row and written to out
- * (out of line, so that its registers stay out of the key loop's). */
-template <typename T, int D>
-__device__ __noinline__ void redo_rows(const T *q_base, const T *k_base, const T *v_base, int64_t q_stride,
-                                       int64_t kv_stride, int row_begin, int row_end, int keys,
-                                       int offset, float scale_log2, T *out_base) {
-    const int lane = threadIdx.x % 32;
-    for (int row = row_begin; row < row_end; row++) {
-        float o_row[D / 32] = {}, m = -INFINITY, l = 0.0f;
-        attend_row<T, D>(q_base + row * q_stride, k_base, v_base, kv_stride, 0,
-                         min(keys, offset + row + 1), scale_log2, o_row, m, l);
-#pragma unroll
-        for (int i = 0; i < D / 32; i++)
-            out_base[row * q_stride + lane * (D / 32) + i] = from_float<T>(o_row[i] / l);
-    }
-}
-
 /* Fragment coordinates (PTX m16n8k16): lane = 4 * g + t holds accumulator rows g and g + 8, columns
  * 2t and 2t + 1 of each 8-wide n tile. Warp w owns query rows 16 (ROW_TILES w + mi) + (g, g + 8),
  * mi < ROW_TILES. */
@@ -93,9 +84,7 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     T *out_base = out + ((int64_t)b * Sq * Hq + h) * D;
 
     if (!valid_seq_len(L, C, Sq, causal)) {
-        for (int i = threadIdx.x; i < kBlockM * D; i += kThreads)
-            if (m0 + i / D < Sq)
-                out_base[(m0 + i / D) * q_stride + i % D] = from_float<T>(__int_as_float(0x7fc00000));
+        fill_nan_rows<T, D>(out_base, q_stride, m0, min(Sq, m0 + kBlockM));
         return;
     }
     /* Query row i sits at position L - Sq + i and sees keys up to there (causal) or all L. */
@@ -255,9 +244,15 @@ bitnet_status launch_prefill(int32_t device, int64_t B, int64_t Sq, int64_t Hq, 
     if (Sq > 65535LL * kBlockM<2> || B > 65535)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Sq = %lld too large "
                        "for the prefill grid", (long long)B, (long long)Sq);
-    int sms = 0;
+    int sms = 0, major = 0, minor = 0;
     BN_TRY(bn_cuda_sm_count(device, &sms));
+    BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     const int64_t wide_blocks = Hq * bn_ceil_div(Sq, kBlockM<2>) * B;
+    if (D == 128 && major == 9 && minor == 0 && wide_blocks >= BN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM * sms)
+        return bn_cuda_attention_prefill_sm90(device, std::is_same_v<T, __nv_bfloat16> ? BITNET_DTYPE_BF16
+                                                                                       : BITNET_DTYPE_F16,
+                                              B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
     if (D > 128 || wide_blocks < 2LL * sms) /* then Sq is small enough for the narrow grid too */
         return launch_kernel<T, D, 1>(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
     if constexpr (D <= 128)

@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "gemm_w2a8.cuh"
+#include "wgmma.cuh"
 
 namespace cg = cooperative_groups;
 using namespace bn_gemm;
@@ -48,48 +49,22 @@ struct Shape {
     static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kStages * kStageBytes, "the epilogue's tile");
 };
 
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ != 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
-#define BN_SM90A_ASM(...) __trap()
-#else
-#define BN_SM90A_ASM(...) asm volatile(__VA_ARGS__)
-#endif
-
 /* d (64 rows x 128 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x 128 signed bytes,
  * shared memory, descriptor b). */
 __device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     BN_SM90A_ASM("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " BN_WGMMA_D64_REGS ", "
                  "{%64, %65, %66, %67}, %68, p;\n"
                  "}\n"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-                   "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-                   "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-                   "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-                   "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-                   "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-                   "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-                   "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+                 : BN_WGMMA_D64("+r", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
-__device__ __forceinline__ void wgmma_fence() { BN_SM90A_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { BN_SM90A_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-/* Until at most PENDING of this warpgroup's wgmma commit groups are in flight. */
-template <int PENDING>
-__device__ __forceinline__ void wgmma_wait() {
-    BN_SM90A_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
-}
-/* Orders this thread's generic-proxy writes of shared memory (cp.async) before later wgmma reads. */
-__device__ __forceinline__ void fence_async_shared() { BN_SM90A_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* Descriptor of a K-major x tile of rows of 128 bytes with the 128-byte swizzle, starting `address`
- * (1024-aligned, plus 32 s for k32 step s): 8-row groups 1024 bytes apart. */
-__device__ __forceinline__ uint64_t x_descriptor(uint32_t address) {
-    return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
+/* Descriptor of a K-major x tile of rows of 128 bytes, starting `address` (1024-aligned, plus 32 s for
+ * k32 step s). */
+__device__ __forceinline__ uint64_t x_descriptor(uint32_t address) { return swizzle128_descriptor(address, 16, 1024); }
 
 /* W_q of 4 consecutive weights as signed bytes: shift `shift` of a packed word. */
 __device__ __forceinline__ uint32_t signed_codes(uint32_t word, int shift) {
