@@ -23,9 +23,10 @@ namespace {
 
 constexpr int kD = 128;
 constexpr int kWarpgroups = 2, kThreads = 128 * kWarpgroups;
-constexpr int kBlockM = 64 * kWarpgroups, kBlockN = 128, kStages = 2;
+/* K tiles in 2 stages, V tiles in 3: warpgroup 1 multiplies by tile j - 1's V while tile j + 1 loads. */
+constexpr int kBlockM = 64 * kWarpgroups, kBlockN = 128, kKStages = 2, kVStages = 3;
 constexpr int kQBytes = kBlockM * kD * 2, kTileBytes = kBlockN * kD * 2;
-constexpr size_t kSharedBytes = kQBytes + 2 * kStages * kTileBytes + 1024; /* + alignment */
+constexpr size_t kSharedBytes = kQBytes + (kKStages + kVStages) * kTileBytes + 1024; /* + alignment */
 constexpr int kChunks = kD / 8, kRowsPerPass = kThreads / kChunks;
 static_assert(kRowsPerPass % 8 == 0, "a thread's rows share a swizzle");
 
@@ -111,8 +112,8 @@ prefill_wgmma_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *
     const uint32_t unaligned = (uint32_t)__cvta_generic_to_shared(shared);
     const uint32_t base = (unaligned + 1023) & ~1023u;
     uint8_t *const smem = reinterpret_cast<uint8_t *>(shared) + (base - unaligned);
-    auto k_tile = [&](int stage) { return smem + kQBytes + stage * kTileBytes; };
-    auto v_tile = [&](int stage) { return smem + kQBytes + (kStages + stage) * kTileBytes; };
+    auto k_tile = [&](int tile) { return smem + kQBytes + tile % kKStages * kTileBytes; };
+    auto v_tile = [&](int tile) { return smem + kQBytes + (kKStages + tile % kVStages) * kTileBytes; };
 
     /* Blocks start in order x (head) fastest: the longest causal tiles of every head come first. */
     const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
@@ -147,25 +148,13 @@ prefill_wgmma_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *
     const uint32_t q_address = base + 64 * warpgroup * 128;  /* this warpgroup's 64 rows */
     bool hidden_nonfinite_v = false; /* an inf or NaN value at a hidden key: see attend_row */
 
-    for (int j = 0; j < key_tiles; j++) {
-        const int stage = j % kStages;
-        cp_async_wait<0>();
-        fence_async_shared();
+    /* S of tile j, its softmax into o's running max and sum, and its probabilities into p. */
+    uint32_t p[kBlockN / 16][4];
+    auto scores = [&](int j, bool hides_keys) {
         const int key0 = j * kBlockN;
-        /* Keys past the block's first row's diagonal are hidden from some of its rows. */
-        const bool hides_keys = causal && key0 + kBlockN - 1 > offset + m0;
-        if (hides_keys) hidden_nonfinite_v |= __syncthreads_or(copied_v_nonfinite<T>(v_tile(stage)));
-        else __syncthreads();
-        /* Tile j - 1's stage is free: both warpgroups waited for its wgmmas before the barrier. */
-        if (j + 1 < key_tiles) {
-            load_tile<T, kBlockN>(k_tile(1 - stage), k_base, kv_stride, key0 + kBlockN, keys);
-            load_tile<T, kBlockN>(v_tile(1 - stage), v_base, kv_stride, key0 + kBlockN, keys);
-        }
-        cp_async_commit();
-
         float s[16][4];
         float(&s_flat)[64] = reinterpret_cast<float(&)[64]>(s);
-        const uint32_t k_address = (uint32_t)__cvta_generic_to_shared(k_tile(stage));
+        const uint32_t k_address = (uint32_t)__cvta_generic_to_shared(k_tile(j));
         wgmma_fence();
 #pragma unroll
         for (int kc = 0; kc < kD / 16; kc++)
@@ -194,12 +183,13 @@ prefill_wgmma_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *
         online_softmax_step(tile_max, m_run, l_run, base_max, rescale);
 #pragma unroll
         for (int dt = 0; dt < kD / 8; dt++) rescale_rows(o[dt], rescale);
-        uint32_t p[kBlockN / 16][4];
 #pragma unroll
         for (int nt = 0; nt < kBlockN / 8; nt++)
             softmax_probs<T>(s[nt], base_max, l_run, p[nt / 2][(nt % 2) * 2], p[nt / 2][(nt % 2) * 2 + 1]);
-
-        const uint32_t v_address = (uint32_t)__cvta_generic_to_shared(v_tile(stage));
+    };
+    /* o += p V of tile j. */
+    auto multiply_v = [&](int j) {
+        const uint32_t v_address = (uint32_t)__cvta_generic_to_shared(v_tile(j));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; kk++)
@@ -207,7 +197,33 @@ prefill_wgmma_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *
         wgmma_commit();
         wgmma_wait<0>();
         after_wait(o_flat);
+    };
+
+    /* Between two barriers warpgroup 0 takes S, softmax, P V of tile j; warpgroup 1 takes P V of tile
+     * j - 1, then S and softmax of tile j: while one does its softmax, the other's wgmmas run. */
+    for (int j = 0; j < key_tiles; j++) {
+        cp_async_wait<0>();
+        fence_async_shared();
+        const int key0 = j * kBlockN;
+        /* Keys past the block's first row's diagonal are hidden from some of its rows. */
+        const bool hides_keys = causal && key0 + kBlockN - 1 > offset + m0;
+        if (hides_keys) hidden_nonfinite_v |= __syncthreads_or(copied_v_nonfinite<T>(v_tile(j)));
+        else __syncthreads();
+        /* Free: K of tile j - 1 and V of tile j - 2, whose wgmmas both warpgroups waited for. */
+        if (j + 1 < key_tiles) {
+            load_tile<T, kBlockN>(k_tile(j + 1), k_base, kv_stride, key0 + kBlockN, keys);
+            load_tile<T, kBlockN>(v_tile(j + 1), v_base, kv_stride, key0 + kBlockN, keys);
+        }
+        cp_async_commit();
+        if (warpgroup == 0) {
+            scores(j, hides_keys);
+            multiply_v(j);
+        } else {
+            if (j > 0) multiply_v(j - 1);
+            scores(j, hides_keys);
+        }
     }
+    if (warpgroup == 1) multiply_v(key_tiles - 1);
     if (hidden_nonfinite_v) { /* see attend_row */
         redo_rows<T, kD>(q_base, k_base, v_base, q_stride, kv_stride, m0 + warp_row0,
                          min(Sq, m0 + warp_row0 + 16), keys, offset, scale_log2, out_base);
