@@ -9,7 +9,8 @@
  * Diagonal tiles are scanned for inf and NaN values at hidden keys (see attend_row).
  * FLOPs (causal): 2 L^2 D H.
  * H100, bf16, 20/5 heads, d = 128 (BENCHMARKS.md, 2026-11-26): 161 TFLOP/s at L = 1024 (64-row
- * tiles), 307 at 4096, 353 at 16384. */
+ * tiles), 307 at 4096, 353 at 16384. On compute capability 9.0, D = 128 grids of at least 2 128-row
+ * blocks per SM take the wgmma kernel instead (attention_prefill_sm90.cu). */
 #include <type_traits>
 
 #include "attention_common.cuh"
