@@ -143,6 +143,7 @@ class Group:
             self.nccl = nccl.Communicator(uid, self.world, self.rank, self.device)
         exchange = self.nccl.all_gather_bytes if self.nccl else (lambda data: [data])
         self.peer = PeerBuffers(self.device, self.rank, self.world, exchange, max_bytes)
+        self.max_bytes = self.peer.max_bytes  # the largest x of one collective
         # The peer calls first: ncclCommAbort frees memory, which waits for the device, and so
         # for any peer kernel still waiting.
         ctx.on_abort(self.peer.abort)

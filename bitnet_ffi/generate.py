@@ -195,7 +195,8 @@ def main(args):
 def main_tensor_parallel(args):
     """--tp N: the prompt's continuation on N GPUs, one process each
     (tensor_parallel.generate_rank; every rank reads the checkpoint a layer at a time and uploads
-    its shard). The text is printed when the ranks are done."""
+    its shard). The text is printed when the ranks are done, with rank 0's prefill and decode
+    speeds."""
     from .launcher import run_ranks
     from .sampling import sampling_settings
     from .tensor_parallel import generate_rank
@@ -214,23 +215,20 @@ def main_tensor_parallel(args):
         raise InvalidArgumentError(f"{len(prompt)} prompt tokens + {args.max_tokens} new ones "
                                    f"exceed the model's {source.config.max_positions} positions")
     start = time.perf_counter()
-    ids, seconds = run_ranks(generate_rank, args.tp,
+    ids, timings = run_ranks(generate_rank, args.tp,
                              args=(args.model, prompt, args.max_tokens, "peer", sampling,
                                    args.tp_exact))[0]
     total = time.perf_counter() - start
     stop = next((i for i, t in enumerate(ids) if t in tokenizer.stop_ids), None)
     ids = ids if stop is None else ids[:stop + 1]
     text = tokenizer.decode(ids if stop is None else ids[:-1])
-    steps_per_s = (len(prompt) + args.max_tokens) / seconds
+    timings.update(tp=args.tp, tp_exact=args.tp_exact, total_s=total)
     if args.json:
         print(json.dumps({"prompt_ids": prompt, "generated_ids": ids, "text": text,
-                          "timings": {"tp": args.tp, "tp_exact": args.tp_exact,
-                                      "total_s": total, "steps_s": seconds,
-                                      "steps_per_s": steps_per_s}}, indent=2))
+                          "timings": timings}, indent=2))
     else:
         print(text)
-        print(f"tp = {args.tp}: {steps_per_s:.1f} steps/s (prompt and new tokens, one token per "
-              f"step); {total:.1f} s with loading", file=sys.stderr)
+        print(f"tp = {args.tp}: {_speed(timings)}; {total:.1f} s with loading", file=sys.stderr)
     return 0
 
 

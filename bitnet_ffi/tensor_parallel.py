@@ -32,7 +32,8 @@ one GPU, and a row's output is an exact integer dot scaled by the same rule what
 kernel runs beside it. Per layer 3 all-gathers; the QKV weights and attention are not divided.
 
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
-1 only; a prompt runs token by token through the same step. Pieces may differ in size (``split``:
+1 only; a prompt goes through the same ops in passes of up to PREFILL_CHUNK tokens (one token at a
+time in the exact layout), a pass of that many tokens captured as a graph too. Pieces may differ in size (``split``:
 5 KV heads over 2 ranks are 3 and 2). The model needs only the Config and ``Shard``s:
 ``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads a
 checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on its
@@ -58,6 +59,8 @@ from .ternary import TernaryWeights, gemv_w2a8, quantize_a8
 
 BF16 = "bfloat16"
 TABLE_BLOCK_ROWS = 4096  # random_shard's embedding: this many random rows, repeated
+PREFILL_CHUNK = 256  # most prompt tokens a prefill pass takes (fewer where peer buffers are small)
+PEER_BYTES = 16 << 20  # peer buffers for a pass of PREFILL_CHUNK tokens up to hidden 16383
 
 
 @dataclass(frozen=True)
@@ -264,14 +267,23 @@ def generate_shard(group, path, prompt, tokens, sampling=None, exact=False):
     """One rank's continuation of `prompt` (token ids) by `tokens` tokens, with its shard (split
     or exact layout) of the checkpoint at `path`: greedy, or drawn as `sampling`
     (set_sampling's keyword arguments) says; `group` holds its collectives (comm.Group, or a
-    comm.ThreadGroup on the CPU). Returns the new ids and the seconds the steps took."""
+    comm.ThreadGroup on the CPU). Returns the new ids and the timings (host clock), named as
+    generate.Model.generate names them."""
     session = TPSession(load_shard(path, group.rank, group.world, group.device, exact), group,
                         len(prompt) + tokens)
     session.set_sampling(**(sampling or {}))
     try:
         start = time.perf_counter()
-        ids = session.generate(prompt, tokens)
-        return ids, time.perf_counter() - start
+        ids = [session.prefill(prompt)]
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        for _ in range(tokens - 1):
+            ids.append(session.decode())
+        decode_s, steps = time.perf_counter() - start, tokens - 1
+        return ids, {"prefill_s": prefill_s, "prefill_tokens_per_s": len(prompt) / prefill_s,
+                     "decode_steps": steps, "decode_s": decode_s,
+                     "decode_ms_per_step": 1e3 * decode_s / steps if steps else None,
+                     "decode_tokens_per_s": steps / decode_s if steps else None}
     finally:
         session.close()
 
@@ -279,7 +291,7 @@ def generate_shard(group, path, prompt, tokens, sampling=None, exact=False):
 def generate_rank(ctx, path, prompt, tokens, method, sampling=None, exact=False):
     """launcher.run_ranks' target: generate_shard on the rank's GPU, collectives by `method`."""
     from . import comm
-    group = comm.Group(ctx, method=method)
+    group = comm.Group(ctx, method=method, max_bytes=PEER_BYTES)
     try:
         return generate_shard(group, path, prompt, tokens, sampling, exact)
     finally:
@@ -370,14 +382,21 @@ class TPSession:
         self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.positions, self.seq_lens = self.alloc((1,), "int32"), self.alloc((1,), "int32")
-        # part: o's or down's float32 partial sums [H], then the slice's sum of squares
-        b = {"ids": self.alloc((1,), "int32"), "h": self.alloc((1, H), BF16),
-             "proj": self.alloc((1, H), BF16), "part": self.alloc((H + 1,), "float32"),
-             "x_q": self.alloc((1, max(H, I, c.q_dim)), "int8"), "x_s": self.alloc((1,), "float32"),
-             "qkv": self.alloc((1, (hq + 2 * hkv) * D), BF16),
-             "attn": self.alloc((1, 1, hq, D), BF16),
-             "gate_up": self.alloc((1, gate_up), BF16),
-             "y": self.alloc((1, H), BF16),
+        # A prompt goes through in passes of up to `chunk` tokens. The exact layout's all-gathers
+        # put rank-major pieces together, which is a row's layout for one token only.
+        limit = getattr(group, "max_bytes", None)
+        self.chunk = 1 if self.exact else min(
+            PREFILL_CHUNK, capacity, max(1, (limit or 1 << 62) // (4 * (H + 1))))
+        T = self.chunk
+        # Buffers of T rows; a pass of n tokens takes the first n. part: o's or down's
+        # float32 partial sums [n, H], then the rows' sums of squares [n].
+        b = {"ids": self.alloc((T,), "int32"), "h": self.alloc((T, H), BF16),
+             "proj": self.alloc((T, H), BF16), "part": self.alloc((T * (H + 1),), "float32"),
+             "x_q": self.alloc((T, max(H, I, c.q_dim)), "int8"), "x_s": self.alloc((T,), "float32"),
+             "qkv": self.alloc((T, (hq + 2 * hkv) * D), BF16),
+             "q": self.alloc((T, hq * D), BF16), "attn": self.alloc((T, hq * D), BF16),
+             "gate_up": self.alloc((T, gate_up), BF16),
+             "y": self.alloc((T, H), BF16),
              "logits_part": self.alloc((1, sp.vocab[r]), "float32"),
              "logits": self.alloc((1, c.vocab), "float32"), "sync": self.alloc((4,), "float32")}
         if self.solo:  # the head's output is the whole row
@@ -386,10 +405,10 @@ class TPSession:
             b["proj_part"] = self.alloc((1, sp.hidden[r]), BF16)
             b["gate_up_part"] = self.alloc((1, sp.gate_up[r]), BF16)
             self.row_counts = {"proj": list(sp.hidden), "gate_up": list(sp.gate_up)}
-        b["qkv_heads"] = b["qkv"].reshape(1, 1, hq + 2 * hkv, D)
-        b["q"] = self.alloc((1, 1, hq, D), BF16)
-        ws = attention_workspace_size(self.device, 1, 1, hq, hkv, D, capacity)
+        ws = max(attention_workspace_size(self.device, 1, n, hq, hkv, D, capacity)
+                 for n in range(1, T + 1))  # a pass of any length up to T
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
+        self.prefill_graph = None  # a pass of `chunk` tokens
         self.b = b
         self.reset()
 
@@ -454,58 +473,66 @@ class TPSession:
         return ms
 
     def close(self):
-        """Destroys the step's graph (before the group is closed: Group.close says why)."""
-        if self.graph is not None:
-            self.synchronize()
-            self.graph.close()
-            self.graph = None
+        """Destroys the step's graphs (before the group is closed: Group.close says why)."""
+        for name in ("graph", "prefill_graph"):
+            if getattr(self, name) is not None:
+                self.synchronize()
+                getattr(self, name).close()
+                setattr(self, name, None)
 
-    def step(self):
-        """One token through every layer: b["ids"] in, its greedy successor written over it."""
+    def step(self, n=1):
+        """n tokens (n <= chunk) at positions p .. p + n - 1 through every layer, p =
+        self.positions: their ids in b["ids"], the greedy (or drawn) successor of the last
+        written over b["ids"][0], p advanced by n. Between passes seq_lens = p + 1; a pass of n
+        tokens sees p + n keys."""
         c, s, b = self.config, self.shard, self.b
-        H, st = c.hidden, self.stream
+        H, D, st = c.hidden, c.head_dim, self.stream
         kw = {"stream": st}
-        embedding(s.embedding, b["ids"], out=b["h"], **kw)
+        h, proj, y, qkv = (b[k][:n] for k in ("h", "proj", "y", "qkv"))
+        q, attn = (b[k][:n].reshape(1, n, -1, D) for k in ("q", "attn"))
+        if n > 1:
+            add_int32(self.seq_lens, n - 1, **kw)
+        embedding(s.embedding, b["ids"][:n], out=h, **kw)
         residual = None
         for index, layer in enumerate(s.layers):
-            x_q, x_s = _cols(b["x_q"], H), b["x_s"]
+            x_q, x_s = _flat(b["x_q"], n, H), b["x_s"][:n]
             if residual is None:
-                rmsnorm_quantize(b["h"], layer.attn_norm, eps=c.eps, out=(x_q, x_s), **kw)
+                rmsnorm_quantize(h, layer.attn_norm, eps=c.eps, out=(x_q, x_s), **kw)
             else:
-                rmsnorm_quantize(b["proj"], layer.attn_norm, eps=c.eps, residual=residual,
+                rmsnorm_quantize(proj, layer.attn_norm, eps=c.eps, residual=residual,
                                  out=(x_q, x_s), **kw)
-            gemv_w2a8(layer.qkv, x_q, x_s, out_dtype=BF16, out=b["qkv"], **kw)
-            rope_append_kv(b["qkv_heads"], self.k_cache[index],
-                           self.v_cache[index], self.positions, theta=c.theta, out=b["q"], **kw)
-            attention(b["q"], self.k_cache[index], self.v_cache[index], causal=True,
-                      scale=c.attention_scale, seq_lens=self.seq_lens, out=b["attn"],
+            gemv_w2a8(layer.qkv, x_q, x_s, out_dtype=BF16, out=qkv, **kw)
+            rope_append_kv(qkv.reshape(1, n, -1, D), self.k_cache[index], self.v_cache[index],
+                           self.positions, theta=c.theta, out=q, **kw)
+            attention(q, self.k_cache[index], self.v_cache[index], causal=True,
+                      scale=c.attention_scale, seq_lens=self.seq_lens, out=attn,
                       workspace=b["workspace"], **kw)
-            self.row_parallel(layer.o, b["attn"].reshape(1, -1), layer.attn_sub_norm, None,
+            self.row_parallel(layer.o, attn.reshape(n, -1), layer.attn_sub_norm, None,
                               c.q_dim, c.attn_sub_eps)
-            rmsnorm_quantize(b["proj"], layer.ffn_norm, eps=c.eps, residual=b["h"],
-                             out=(x_q, x_s), **kw)
-            self.project(layer.gate_up, x_q, x_s, "gate_up")
-            self.row_parallel(layer.down, b["gate_up"], layer.ffn_sub_norm, c.activation,
-                              c.intermediate, c.ffn_sub_eps)
-            residual = b["h"]
-        add_rmsnorm(b["proj"], b["h"], s.final_norm, eps=c.eps, out=b["y"], **kw)
-        gemv_bf16(s.head, b["y"], out=b["logits_part"], **kw)
+            rmsnorm_quantize(proj, layer.ffn_norm, eps=c.eps, residual=h, out=(x_q, x_s), **kw)
+            self.project(layer.gate_up, x_q, x_s, "gate_up", n)
+            self.row_parallel(layer.down, b["gate_up"][:n], layer.ffn_sub_norm,
+                              c.activation, c.intermediate, c.ffn_sub_eps)
+            residual = h
+        add_rmsnorm(proj, h, s.final_norm, eps=c.eps, out=y, **kw)
+        gemv_bf16(s.head, y[n - 1:n], out=b["logits_part"], **kw)
         if not self.solo:
             self.group.all_gather(b["logits_part"], b["logits"], counts=self.vocab_counts,
                                   stream=st)
         if self.sampling is None:
-            argmax(b["logits"], out=b["ids"], **kw)
+            argmax(b["logits"], out=b["ids"][:1], **kw)
         else:  # every rank has the whole row and the same settings: every rank draws the same
-            sample(b["logits"], counters=self.positions, out=b["ids"], **self.sampling, **kw)
-        add_int32(self.positions, 1, **kw)
+            sample(b["logits"], counters=self.positions, out=b["ids"][:1], **self.sampling, **kw)
+        add_int32(self.positions, n, **kw)
         add_int32(self.seq_lens, 1, **kw)
 
-    def project(self, weights, x_q, x_s, name):
-        """b[name] = the bfloat16 projection of the int8 row; in the exact layout this rank's rows
-        go to b[name + "_part"] and the all-gather puts the ranks' rows together in b[name]."""
+    def project(self, weights, x_q, x_s, name, n):
+        """b[name]'s first n rows = the bfloat16 projection of the n int8 rows; in the exact
+        layout (n = 1) this rank's rows go to b[name + "_part"] and the all-gather puts the
+        ranks' rows together in b[name]."""
         b, st = self.b, self.stream
         if not self.exact:
-            gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name], stream=st)
+            gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name][:n], stream=st)
             return
         gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name + "_part"], stream=st)
         self.group.all_gather(b[name + "_part"], b[name], counts=self.row_counts[name], stream=st)
@@ -523,9 +550,10 @@ class TPSession:
         their float32 partial sums with a plain all-reduce."""
         b, st = self.b, self.stream
         H = self.config.hidden
-        cols = x.shape[-1] // (2 if activation else 1)
-        x_q, x_s = _cols(b["x_q"], cols), b["x_s"]
-        sums, sumsq = b["part"][:H].reshape(1, H), b["part"][H:]
+        n, cols = x.shape[0], x.shape[-1] // (2 if activation else 1)
+        x_q, x_s = _flat(b["x_q"], n, cols), b["x_s"][:n]
+        part = b["part"][:n * (H + 1)]
+        sums, sumsq = part[:n * H].reshape(n, H), part[n * H:]
         whole_row = self.solo or self.exact  # v is the whole row on this rank
         split_norm = not whole_row and norm_weight is not None
         if split_norm:
@@ -542,19 +570,19 @@ class TPSession:
         else:
             rmsnorm_quantize(x, norm_weight, eps=eps, out=(x_q, x_s), stream=st)
         if whole_row:
-            self.project(weights, x_q, x_s, "proj")
+            self.project(weights, x_q, x_s, "proj", n)
             return
         gemv_w2a8(weights, x_q, x_s, out_dtype="float32", out=sums, stream=st)
         if split_norm:
-            self.group.all_reduce_rms(b["part"], b["proj"], width, eps, stream=st)
+            self.group.all_reduce_rms(part, b["proj"][:n], width, eps, stream=st)
         else:  # no sub-norm: a plain sum of the ranks' partial sums
-            self.group.all_reduce(sums, b["proj"], stream=st)
+            self.group.all_reduce(sums, b["proj"][:n], stream=st)
 
     def decode(self, token=None):
         """One step; `token` (a host int) replaces the step's input, which is otherwise the last
         step's output. Returns the greedy next token."""
         if token is not None:
-            self.upload([token], self.b["ids"])
+            self.upload([token], self.b["ids"][:1])
         if self.stream is None:
             self.step()
         else:
@@ -566,20 +594,41 @@ class TPSession:
         self.synchronize()
         return int(self.download(self.b["ids"])[0])
 
+    def prefill(self, prompt):
+        """Starts afresh with `prompt` (host ints) in passes of up to `chunk` tokens (a pass of
+        `chunk` tokens is a CUDA graph, captured once; a shorter last pass runs op by op). Returns
+        the next token; logits() are the last prompt token's."""
+        prompt = [int(t) for t in prompt]
+        if not 1 <= len(prompt) <= self.capacity:
+            raise InvalidArgumentError(f"prefill: expected 1 to {self.capacity} tokens (the KV "
+                                       f"cache), got {len(prompt)}")
+        self.reset()
+        for start in range(0, len(prompt), self.chunk):
+            ids = prompt[start:start + self.chunk]
+            self.upload(ids, self.b["ids"][:len(ids)])
+            if self.stream is not None and len(ids) == self.chunk:
+                if self.prefill_graph is None:
+                    with Graph.capture(self.stream) as graph:
+                        self.step(self.chunk)
+                    self.prefill_graph = graph
+                self.prefill_graph.launch()
+            else:
+                self.step(len(ids))
+        self.synchronize()
+        return int(self.download(self.b["ids"])[0])
+
     def logits(self):
         return self.download(self.b["logits"])[0]
 
     def generate(self, prompt, tokens):
-        """Greedy continuation of `prompt` (host ints), token by token: `tokens` new tokens."""
-        out = None
-        for t in prompt:
-            out = self.decode(int(t))
-        generated = [out]
+        """The continuation of `prompt` (host ints) by `tokens` new tokens, greedy or drawn as
+        set_sampling says: the prompt in prefill's passes, then a decode step per token."""
+        generated = [self.prefill(prompt)]
         for _ in range(tokens - 1):
             generated.append(self.decode())
         return generated
 
 
-def _cols(array, width):
-    """The [1, width] view of a [1, >= width] buffer's first elements (numpy or DeviceArray)."""
-    return array.reshape(-1)[:width].reshape(1, width)
+def _flat(array, rows, width):
+    """The [rows, width] view of a buffer's first rows * width elements (numpy or DeviceArray)."""
+    return array.reshape(-1)[:rows * width].reshape(rows, width)

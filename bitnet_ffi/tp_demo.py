@@ -23,12 +23,13 @@ TIMED_REPLAYS = 20
 def decode_rank(ctx, configs, prompt_len, tokens, method, seed, exact=False):
     """One rank: for each config in turn, random packed weights on its GPU, the prompt and `tokens`
     greedy tokens, then the decode step's graph timed from the position reached (every timed run
-    restarts there: TPSession.time_decode). Returns the rank's figures, one dict per config."""
+    restarts there: TPSession.time_decode), then the prompt's prefill again, timed by the host
+    clock. Returns the rank's figures, one dict per config."""
     import gc
 
     from . import comm
     from . import tensor_parallel as tp
-    group = comm.Group(ctx, method=method)
+    group = comm.Group(ctx, method=method, max_bytes=tp.PEER_BYTES)
     figures = []
     for config in configs:
         start = time.perf_counter()
@@ -38,9 +39,12 @@ def decode_rank(ctx, configs, prompt_len, tokens, method, seed, exact=False):
         prompt = np.random.default_rng(seed + 1).integers(0, config.vocab, prompt_len)
         generated = session.generate(prompt, tokens)
         ms = session.time_decode(TIMED_REPLAYS)
+        start = time.perf_counter()  # the prompt again, its passes' graph captured by generate
+        session.prefill(prompt)
+        prefill_s = time.perf_counter() - start
         session.close()
         figures.append({"rank": ctx.rank, "ms_per_token": ms, "tokens": generated,
-                        "weights_s": weights_s})
+                        "weights_s": weights_s, "prefill_s": prefill_s})
         del session, shard
         gc.collect()  # the shard's device memory goes before the next config's
     group.close()
@@ -50,7 +54,7 @@ def decode_rank(ctx, configs, prompt_len, tokens, method, seed, exact=False):
 def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, timeout=900,
                 exact=False):
     """Runs decode_rank on `tp` GPUs (one process set for all configs); for each config the
-    slowest rank's step time and rank 0's tokens."""
+    slowest rank's step time and prefill rate, and rank 0's tokens."""
     from .launcher import run_ranks
     ranks = run_ranks(decode_rank, tp,
                       args=(list(configs), prompt_len, tokens, method, seed, exact), timeout=timeout)
@@ -61,6 +65,7 @@ def run_configs(configs, tp, prompt_len=16, tokens=8, method="peer", seed=0, tim
             raise BitNetError(f"the ranks' greedy tokens differ: {[r['tokens'] for r in per_rank]}")
         results.append({"tp": tp, "method": method, "exact": exact,
                         "ms_per_token": max(r["ms_per_token"] for r in per_rank),
+                        "prefill_tokens_per_s": prompt_len / max(r["prefill_s"] for r in per_rank),
                         "tokens": per_rank[0]["tokens"],
                         "weights_s": max(r["weights_s"] for r in per_rank),
                         "ternary_gb": config.ternary_bytes() / 1e9})
@@ -103,5 +108,6 @@ def main(args):
         print(f"{args.shape} ({config.layers} layers, {result['ternary_gb']:.1f} GB ternary) on "
               f"{args.tp} GPU(s){', exact layout' if args.exact else ''}, {args.method} "
               f"collectives: {result['ms_per_token']:.3f} ms per "
-              f"token (CUDA graph replays, slowest rank); greedy tokens {result['tokens']}")
+              f"token (CUDA graph replays, slowest rank), prefill of {args.prompt_len} tokens "
+              f"{result['prefill_tokens_per_s']:.0f} tokens/s; greedy tokens {result['tokens']}")
     return 0

@@ -83,6 +83,29 @@ def test_gemm_gpu_large_shapes_int32(rng):
 
 
 @pytest.mark.gpu
+def test_gemm_gpu_pieces_first_called_inside_a_graph_capture(first_call_in_a_graph_capture):
+    """The GEMM's pieces take scratch memory from a pool that the library makes on first use; when
+    that first use comes inside a graph capture (a captured model pass, as TPSession.prefill's
+    first), the pool is still made and the graph replays the right dots. A fresh process, since the
+    pool is made once per process. 2560x6912 at 2048 tokens runs in pieces on an H100."""
+    printed = first_call_in_a_graph_capture(
+        "import numpy as np, bitnet_ffi\n"
+        "rng = np.random.default_rng(3)\n"
+        "M, K, N = 2560, 6912, 2048\n"
+        "w_q = rng.integers(-1, 2, (M, K), dtype=np.int8)\n"
+        "w = bitnet_ffi.pack_ternary(bitnet_ffi.DeviceArray.from_numpy(w_q),\n"
+        "                            bitnet_ffi.DeviceArray.from_numpy(np.ones(M, np.float32)))\n"
+        "x = rng.integers(-128, 128, (N, K), dtype=np.int8)\n"
+        "xd = bitnet_ffi.DeviceArray.from_numpy(x)\n"
+        "sd = bitnet_ffi.DeviceArray.from_numpy(np.ones(N, np.float32))\n"
+        "out = bitnet_ffi.DeviceArray((N, M), 'int32')\n",
+        "bitnet_ffi.gemv_w2a8(w, xd, sd, out_dtype='int32', out=out, stream=stream)",
+        "want = x[:64].astype(np.int64) @ w_q.astype(np.int64).T\n"
+        "print(int(np.abs(out.numpy()[:64] - want).max()))\n")
+    assert int(printed) == 0
+
+
+@pytest.mark.gpu
 def test_gemm_gpu_splits_the_last_tiles_into_pieces(rng):
     """Problems of a few more 128 x 128 tiles than the GPU has SMs (odd M, a part token tile): on
     compute capability 9.0 the tiles past the whole waves run in pieces along K (4, 3 and 2 pieces

@@ -396,6 +396,34 @@ def test_llama_layout_splits_on_simulated_ranks():
             np.testing.assert_array_equal(logits, one[1])
 
 
+def _prefill_run(group, weights, world):
+    """The logits and next token of PROMPT + FORCED by prefill's passes, then by one decode step
+    a token, on one rank of `world`."""
+    session = tp.TPSession(tp.shard_weights(weights, group.rank, world, group.device), group, 32)
+    assert session.chunk == 3
+    prompt = PROMPT + FORCED[:2]
+    passed = session.prefill(prompt), session.logits()
+    session.reset()
+    for t in prompt:
+        stepped = session.decode(t), session.logits()
+    return passed, stepped
+
+
+@pytest.mark.cpu
+def test_prefill_in_passes_matches_decode_steps_on_simulated_ranks(monkeypatch):
+    """TPSession.prefill takes a 7-token prompt in passes of 3, 3 and 1 (chunk 3 here): the last
+    token's logits and next token equal those of 7 decode steps, on 1 and 2 simulated ranks, with
+    sub-norms (one all-reduce with the norm's division) and without (a plain sum). Bit for bit: on
+    the CPU each row's ops compute alike whatever rows run beside it."""
+    monkeypatch.setattr(tp, "PREFILL_CHUNK", 3)
+    for weights in (quiet_attention(model.random_weights(SPLIT, CPU, seed=3)), _llama_weights(7)):
+        for world in (1, 2):
+            for (token, logits), (stepped_token, stepped) in comm.run_threads(
+                    _prefill_run, world, weights, world):
+                np.testing.assert_array_equal(logits, stepped)
+                assert token == stepped_token
+
+
 @pytest.mark.cpu
 def test_an_untied_head_is_split_from_its_own_rows():
     weights = model.random_weights(SPLIT, CPU, seed=5)
@@ -579,6 +607,46 @@ def test_tp_logits_match_one_gpu():
         print(f"TP = {world} ({method}) vs 1: relative logit error per step "
               f"{np.array2string(error, precision=3)}, same teacher-forced token {same.tolist()}, "
               f"generated {ranks[0][0]} vs {one[0]}")
+
+
+def _tp_prefill_rank(ctx, method, llama):
+    weights = (_llama_weights(5) if llama else
+               quiet_attention(model.random_weights(SPLIT, CPU, seed=5)))
+    group = comm.Group(ctx, method=method, max_bytes=tp.PEER_BYTES)
+    session = tp.TPSession(tp.shard_weights(weights, ctx.rank, ctx.world, ctx.device), group, 310)
+    assert session.chunk == tp.PREFILL_CHUNK == 256
+    prompt = np.random.default_rng(9).integers(0, SPLIT.vocab, 300).tolist()
+    passed = session.prefill(prompt), session.logits()  # passes of 256 (captured) and 44
+    again = session.prefill(prompt), session.logits()   # the captured pass replayed
+    session.reset()
+    for t in prompt:
+        stepped = session.decode(t), session.logits()
+    session.close()
+    group.close()
+    return passed, again, stepped
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("method, llama", [("peer", False), ("nccl", False), ("peer", True)])
+def test_tp_prefill_in_passes_matches_decode_steps(method, llama):
+    """A 300-token prompt through TPSession.prefill on 2 GPUs (a pass of 256 tokens, a CUDA graph,
+    and a last pass of 44 op by op): the ranks agree bit for bit, a second prefill gives the same
+    bits, and against 300 decode steps the last token's logits are within LOGIT_BOUND, its greedy
+    token the same unless the decode steps' own top-2 margin is within the noise
+    (compare_with_one_rank); with and without sub-norms."""
+    if _gpus() < 2:
+        pytest.skip(f"needs 2 GPUs, found {_gpus()}")
+    ranks = launcher.run_ranks(_tp_prefill_rank, 2, args=(method, llama), timeout=180)
+    (token, logits), again, (stepped_token, stepped) = ranks[0]
+    for rank in ranks[1:]:
+        assert rank[0][0] == token
+        np.testing.assert_array_equal(rank[0][1], logits)
+    assert again[0] == token
+    np.testing.assert_array_equal(again[1], logits)
+    error, same = compare_with_one_rank(logits[None], stepped[None])
+    print(f"TP = 2 ({method}{', Llama layout' if llama else ''}): prefill in passes vs decode "
+          f"steps: relative logit error {error[0]:.2e}, tokens {token} / {stepped_token}")
 
 
 @pytest.mark.gpu

@@ -1,12 +1,12 @@
-"""Tensor-parallel decode ms/token of random-weight BitNet models at TP = 1, 2, 4 (as many as the
-machine has GPUs), for the 2B4T, Falcon3-10B and 70B shapes, through `python -m bitnet_ffi tp`'s
-code (bitnet_ffi/tp_demo.py): batch 1, a 16-token prompt and 8 tokens, the decode step a CUDA
-graph per rank, timed by replays (median of 3 runs of 20, each from the same position:
-TPSession.time_decode), the slowest rank. One process set per TP size runs every shape in turn. A
-shape that a TP size cannot split is reported with the reason.
-
-    python tools/bench_tp.py [--shapes 2b4t 70b] [--tp 1 2 4] [--method peer] [--exact] [--json out.json]
-
+"""Tensor-parallel decode ms/token and prefill tokens/s of random-weight BitNet models at TP = 1, 2,
+4 (as many as the machine has GPUs), for the 2B4T, Falcon3-10B and 70B shapes, through `python -m
+bitnet_ffi tp`'s code (bitnet_ffi/tp_demo.py): batch 1, a 16-token prompt (--prompt-len) and 8
+tokens. The decode step is a CUDA graph per rank, timed by replays (median of 3 runs of 20, each
+from the same position: TPSession.time_decode); the prompt's prefill (passes of up to 256 tokens,
+TPSession.prefill) is timed again by the host clock; both the slowest rank's. One process set per
+TP size runs every shape in turn. A shape that a TP size cannot split is reported with the reason.
+    python tools/bench_tp.py [--shapes 2b4t 70b] [--tp 1 2 4] [--method peer] [--exact]
+        [--prompt-len N] [--json out.json]
 --exact times the exact layout (tensor_parallel.exact_split) instead of the split one.
 """
 import argparse
@@ -27,6 +27,8 @@ def main():
     parser.add_argument("--method", choices=("peer", "nccl"), default="peer")
     parser.add_argument("--exact", action="store_true", help="the exact layout")
     parser.add_argument("--layers", type=int, help="override every shape's layer count")
+    parser.add_argument("--prompt-len", type=int, default=16,
+                        help="prompt tokens, prefilled in passes of up to 256 (default 16)")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     count = _ffi.ffi.new("int32_t *")
@@ -49,6 +51,7 @@ def main():
                 rows[shape, tp]["error"] = str(exc)[:300]
         try:  # one process set per TP size, running every shape in turn
             for shape, result in zip(shapes, tp_demo.run_configs([configs[s] for s in shapes], tp,
+                                                                 args.prompt_len,
                                                                  method=args.method,
                                                                  exact=args.exact)):
                 rows[shape, tp].update(result)
@@ -65,7 +68,8 @@ def main():
             results.append(row)
             speed = f", {row['speedup']:.2f}x TP=1" if row.get("speedup") else ""
             print(f"{shape:12s} TP={tp}: " + (f"{row['ms_per_token']:.3f} ms/token{speed}, "
-                                              f"tokens {row['tokens'][:4]}"
+                                              f"prefill {row['prefill_tokens_per_s']:.0f} "
+                                              f"tokens/s, tokens {row['tokens'][:4]}"
                                               if "ms_per_token" in row else row["error"]),
                   flush=True)
     if args.json:

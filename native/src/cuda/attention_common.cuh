@@ -241,3 +241,33 @@ __device__ void fill_nan_rows(T *out_base, int64_t q_stride, int row_begin, int 
     for (int i = threadIdx.x; i < (row_end - row_begin) * D; i += blockDim.x)
         out_base[(row_begin + i / D) * q_stride + i % D] = from_float<T>(__int_as_float(0x7fc00000));
 }
+
+/* A prefill block's work: query rows [m0, m0 + BLOCK_M) of head h of sequence b, blocks taken in
+ * order x (head) fastest from the last row tile, so the longest causal tiles of every head come
+ * first; the K and V rows of its KV head, and the keys its rows see (query row i sits at position
+ * offset + i = L - Sq + i and sees keys up to there, causal, or all L). valid is false for a
+ * device-resident length out of range. */
+template <typename T, int D>
+struct PrefillBlock {
+    int m0, h, L, offset, keys;
+    int64_t q_stride, kv_stride;
+    const T *q_base, *k_base, *v_base;
+    T *out_base;
+    bool valid;
+
+    __device__ __forceinline__ PrefillBlock(const T *q, const T *k, const T *v, const int32_t *seq_lens, int C,
+                                            int Sq, int Hq, int Hkv, int causal, T *out, int block_m) {
+        m0 = (gridDim.y - 1 - blockIdx.y) * block_m;
+        h = blockIdx.x;
+        const int b = blockIdx.z, kvh = h / (Hq / Hkv);
+        L = seq_lens ? seq_lens[b] : C;
+        q_stride = (int64_t)Hq * D, kv_stride = (int64_t)Hkv * D;
+        out_base = out + ((int64_t)b * Sq * Hq + h) * D;
+        q_base = q + ((int64_t)b * Sq * Hq + h) * D;
+        k_base = k + ((int64_t)b * C * Hkv + kvh) * D;
+        v_base = v + ((int64_t)b * C * Hkv + kvh) * D;
+        valid = valid_seq_len(L, C, Sq, causal);
+        offset = L - Sq;
+        keys = causal ? min(L, offset + min(m0 + block_m, Sq)) : L;
+    }
+};

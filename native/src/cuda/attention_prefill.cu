@@ -76,26 +76,17 @@ prefill_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *__rest
     constexpr int kBlockM = ::kBlockM<ROW_TILES>;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
     auto &sm = *reinterpret_cast<PrefillShared<D, ROW_TILES> *>(smem_bytes);
-    /* Blocks start in order x (head) fastest: the longest causal tiles of every head come first. */
-    const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
-    const int h = blockIdx.x, b = blockIdx.z, kvh = h / (Hq / Hkv);
+    const PrefillBlock<T, D> blk(q, k, v, seq_lens, C, Sq, Hq, Hkv, causal, out, kBlockM);
+    const int m0 = blk.m0, L = blk.L, offset = blk.offset, keys = blk.keys;
+    const int64_t q_stride = blk.q_stride, kv_stride = blk.kv_stride;
+    const T *q_base = blk.q_base, *k_base = blk.k_base, *v_base = blk.v_base;
+    T *out_base = blk.out_base;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int L = seq_lens ? seq_lens[b] : C;
-    const int64_t q_stride = (int64_t)Hq * D, kv_stride = (int64_t)Hkv * D;
-    T *out_base = out + ((int64_t)b * Sq * Hq + h) * D;
-
-    if (!valid_seq_len(L, C, Sq, causal)) {
+    if (!blk.valid) {
         fill_nan_rows<T, D>(out_base, q_stride, m0, min(Sq, m0 + kBlockM));
         return;
     }
-    /* Query row i sits at position L - Sq + i and sees keys up to there (causal) or all L. */
-    const int offset = L - Sq;
-    const int keys = causal ? min(L, offset + min(m0 + kBlockM, Sq)) : L;
     const int key_tiles = (keys + kBlockN<D> - 1) / kBlockN<D>;
-    const T *k_base = k + ((int64_t)b * C * Hkv + kvh) * D;
-    const T *v_base = v + ((int64_t)b * C * Hkv + kvh) * D;
-
-    const T *q_base = q + ((int64_t)b * Sq * Hq + h) * D;
     load_rows<T, D, kBlockM>(sm.q, q_base + (int64_t)m0 * q_stride, q_stride, 0, Sq - m0);
     for (int j = 0; j < kStages - 1; j++) { /* group j holds tile j (group 0 also q) */
         if (j < key_tiles) {

@@ -115,25 +115,18 @@ prefill_wgmma_kernel(const T *__restrict__ q, const T *__restrict__ k, const T *
     auto k_tile = [&](int tile) { return smem + kQBytes + tile % kKStages * kTileBytes; };
     auto v_tile = [&](int tile) { return smem + kQBytes + (kKStages + tile % kVStages) * kTileBytes; };
 
-    /* Blocks start in order x (head) fastest: the longest causal tiles of every head come first. */
-    const int m0 = (gridDim.y - 1 - blockIdx.y) * kBlockM;
-    const int h = blockIdx.x, b = blockIdx.z, kvh = h / (Hq / Hkv);
+    const PrefillBlock<T, kD> blk(q, k, v, seq_lens, C, Sq, Hq, Hkv, causal, out, kBlockM);
+    const int m0 = blk.m0, L = blk.L, offset = blk.offset, keys = blk.keys;
+    const int64_t q_stride = blk.q_stride, kv_stride = blk.kv_stride;
+    const T *q_base = blk.q_base, *k_base = blk.k_base, *v_base = blk.v_base;
+    T *out_base = blk.out_base;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int warpgroup = warp / 4;
-    const int L = seq_lens ? seq_lens[b] : C;
-    const int64_t q_stride = (int64_t)Hq * kD, kv_stride = (int64_t)Hkv * kD;
-    T *out_base = out + ((int64_t)b * Sq * Hq + h) * kD;
-    if (!valid_seq_len(L, C, Sq, causal)) {
+    if (!blk.valid) {
         fill_nan_rows<T, kD>(out_base, q_stride, m0, min(Sq, m0 + kBlockM));
         return;
     }
-    /* Query row i sits at position L - Sq + i and sees keys up to there (causal) or all L. */
-    const int offset = L - Sq;
-    const int keys = causal ? min(L, offset + min(m0 + kBlockM, Sq)) : L;
     const int key_tiles = (keys + kBlockN - 1) / kBlockN;
-    const T *k_base = k + ((int64_t)b * C * Hkv + kvh) * kD;
-    const T *v_base = v + ((int64_t)b * C * Hkv + kvh) * kD;
-    const T *q_base = q + ((int64_t)b * Sq * Hq + h) * kD;
 
     load_tile<T, kBlockM>(smem, q_base + (int64_t)m0 * q_stride, q_stride, 0, Sq - m0);
     load_tile<T, kBlockN>(k_tile(0), k_base, kv_stride, 0, keys);

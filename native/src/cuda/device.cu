@@ -200,24 +200,34 @@ namespace {
 std::mutex scratch_lock;
 std::map<int32_t, cudaMemPool_t> scratch_pools;
 
-/* With scratch_lock held. */
+cudaError_t create_pool(int32_t device, cudaMemPool_t *pool) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaError_t err = cudaMemPoolCreate(pool, &props);
+    if (err != cudaSuccess) return err;
+    uint64_t keep_all = UINT64_MAX;
+    err = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    if (err != cudaSuccess) cudaMemPoolDestroy(*pool);
+    return err;
+}
+
+/* With scratch_lock held. The first call may come while this thread captures a graph (the GEMM's
+ * first pieces inside a captured model pass): the pool is made in the relaxed capture mode, since
+ * the thread-local mode refuses cudaMemPoolCreate; it is not a stream operation, so the graph is
+ * unaffected. */
 bitnet_status scratch_pool(int32_t device, cudaMemPool_t *pool) {
     auto found = scratch_pools.find(device);
     if (found != scratch_pools.end()) {
         *pool = found->second;
         return BITNET_OK;
     }
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    BN_CUDA_TRY(cudaMemPoolCreate(pool, &props));
-    uint64_t keep_all = UINT64_MAX;
-    const cudaError_t err = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
-    if (err != cudaSuccess) {
-        cudaMemPoolDestroy(*pool);
-        BN_CUDA_TRY(err);
-    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    BN_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+    const cudaError_t err = create_pool(device, pool);
+    BN_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+    BN_CUDA_TRY(err);
     scratch_pools[device] = *pool;
     return BITNET_OK;
 }
