@@ -13,6 +13,9 @@ from .errors import InvalidArgumentError, RankFailedError
 # The largest per-rank message the peer collectives take by default (the gathered logits of a
 # 128256-word vocabulary split over 2 ranks are 256 KB).
 DEFAULT_MAX_BYTES = 1 << 20
+# The largest all-reduce that the peer method does itself: on 2 H100s the one-shot kernel took
+# 6.7-7.5 us at 128 KB against NCCL's 6.6-7.1 (allreduce.cu), and beyond it falls behind.
+PEER_LARGEST = 128 << 10
 
 
 def peer_buffer_size(max_bytes):
@@ -150,10 +153,19 @@ class Group:
         if self.nccl is not None:
             ctx.on_abort(self.nccl.abort)
 
+    def _sums_by_nccl(self, x):
+        """Whether an all-reduce of x goes through NCCL: always with method "nccl"; with "peer"
+        above PEER_LARGEST bytes (a prefill pass's rows), where the peer kernel's few blocks are
+        slower."""
+        if self.nccl is None:
+            return False
+        xa = _arrays.as_array(x, "x")
+        return self.method == "nccl" or xa.size * _arrays.ITEMSIZE[xa.dtype] > PEER_LARGEST
+
     def all_reduce(self, x, out, stream=None):
         """out = sum over ranks of x. With NCCL and another dtype for out: NCCL's in-place sum of
         x, then the conversion alone (x is overwritten)."""
-        if self.method == "nccl" and self.nccl is not None:
+        if self._sums_by_nccl(x):
             if _arrays.as_array(out, "out").dtype == _arrays.as_array(x, "x").dtype:
                 return self.nccl.all_reduce(x, out, stream=stream)
             self.nccl.all_reduce(x, x, stream=stream)
@@ -163,7 +175,7 @@ class Group:
     def all_reduce_rms(self, x, out, norm_cols, eps, stream=None):
         """PeerBuffers.all_reduce_rms; with NCCL, its in-place sum of x, then the division alone
         (x is overwritten)."""
-        if self.method == "nccl" and self.nccl is not None:
+        if self._sums_by_nccl(x):
             self.nccl.all_reduce(x, x, stream=stream)
             return self.peer.all_reduce_rms(x, out, norm_cols, eps, stream=stream, alone=True)
         return self.peer.all_reduce_rms(x, out, norm_cols, eps, stream=stream)
