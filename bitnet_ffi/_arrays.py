@@ -429,3 +429,8 @@ class DeviceArray:
 def _free(device, ptr):
     if ptr:
         _ffi.lib().bitnet_free(device, _ffi.ffi.cast("void *", ptr))
+
+
+def first_rows(array, rows, width):
+    """The [rows, width] view of a buffer's first rows * width elements (numpy or DeviceArray)."""
+    return array.reshape(-1)[:rows * width].reshape(rows, width)

@@ -182,7 +182,7 @@ class Session:
         with no weight (a model without that sub-norm), of x itself. eps: the config's by
         default."""
         rows, width = x.shape[0], x.shape[1]
-        x_q, x_s = _flat(b["x_q"], rows, width), b["x_s"][:rows]
+        x_q, x_s = _arrays.first_rows(b["x_q"], rows, width), b["x_s"][:rows]
         if weight is None:
             self.op("rmsnorm (+int8)", quantize_a8, x, out=(x_q, x_s))
         else:
@@ -195,7 +195,7 @@ class Session:
         """int8 rows of [rmsnorm](act(gate) * up) from the [rows, 2 I] gate|up projection."""
         c = self.config
         rows = gate_up.shape[0]
-        x_q, x_s = _flat(b["x_q"], rows, c.intermediate), b["x_s"][:rows]
+        x_q, x_s = _arrays.first_rows(b["x_q"], rows, c.intermediate), b["x_s"][:rows]
         if c.activation == "relu2" and weight is not None:
             self.op("rmsnorm (+int8)", relu2_rmsnorm_quantize, gate_up, weight,
                     eps=c.ffn_sub_eps, out=(x_q, x_s))
@@ -228,8 +228,8 @@ class Session:
             self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
                     causal=True, scale=c.attention_scale, seq_lens=self.seq_lens, out=b["attn"],
                     workspace=b["workspace"])
-            a_q, a_s = self.norm_quantize(_flat(b["attn"], N, c.q_dim), layer.attn_sub_norm, b,
-                                          eps=c.attn_sub_eps)
+            attn = _arrays.first_rows(b["attn"], N, c.q_dim)
+            a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
             self.project(layer.o, a_q, a_s, b["proj"])
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
             f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
@@ -369,8 +369,3 @@ class Session:
             self.stream.synchronize()
         self.logits = self.decode_buffers["logits"]
         return self.download(self.decode_buffers["ids"]).copy()
-
-
-def _flat(array, rows, width):
-    """The [rows, width] view of a buffer's first rows * width elements (numpy or DeviceArray)."""
-    return array.reshape(-1)[:rows * width].reshape(rows, width)

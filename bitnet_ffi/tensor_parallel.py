@@ -33,11 +33,11 @@ kernel runs beside it. Per layer 3 all-gathers; the QKV weights and attention ar
 
 The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
 1 only; a prompt goes through the same ops in passes of up to PREFILL_CHUNK tokens (one token at a
-time in the exact layout), a pass of that many tokens captured as a graph too. Pieces may differ in size (``split``:
-5 KV heads over 2 ranks are 3 and 2). The model needs only the Config and ``Shard``s:
-``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads a
-checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on its
-device (a 70B shape's 17 GB would take far too long to quantize from floats)."""
+time in the exact layout), a pass of that many tokens captured as a graph too. Pieces may differ
+in size (``split``: 5 KV heads over 2 ranks are 3 and 2). The model needs only the Config and
+``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads
+a checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on
+its device (a 70B shape's 17 GB would take far too long to quantize from floats)."""
 import itertools
 import time
 from dataclasses import dataclass
@@ -384,9 +384,10 @@ class TPSession:
         self.positions, self.seq_lens = self.alloc((1,), "int32"), self.alloc((1,), "int32")
         # A prompt goes through in passes of up to `chunk` tokens. The exact layout's all-gathers
         # put rank-major pieces together, which is a row's layout for one token only.
-        limit = getattr(group, "max_bytes", None)
-        self.chunk = 1 if self.exact else min(
-            PREFILL_CHUNK, capacity, max(1, (limit or 1 << 62) // (4 * (H + 1))))
+        self.chunk = 1 if self.exact else min(PREFILL_CHUNK, capacity)
+        limit = getattr(group, "max_bytes", None)  # None: any size (comm.ThreadGroup)
+        if limit is not None:  # a pass's partial sums and sums of squares fit one message
+            self.chunk = max(1, min(self.chunk, limit // (4 * (H + 1))))
         T = self.chunk
         # Buffers of T rows; a pass of n tokens takes the first n. part: o's or down's
         # float32 partial sums [n, H], then the rows' sums of squares [n].
@@ -495,7 +496,7 @@ class TPSession:
         embedding(s.embedding, b["ids"][:n], out=h, **kw)
         residual = None
         for index, layer in enumerate(s.layers):
-            x_q, x_s = _flat(b["x_q"], n, H), b["x_s"][:n]
+            x_q, x_s = _arrays.first_rows(b["x_q"], n, H), b["x_s"][:n]
             if residual is None:
                 rmsnorm_quantize(h, layer.attn_norm, eps=c.eps, out=(x_q, x_s), **kw)
             else:
@@ -551,7 +552,7 @@ class TPSession:
         b, st = self.b, self.stream
         H = self.config.hidden
         n, cols = x.shape[0], x.shape[-1] // (2 if activation else 1)
-        x_q, x_s = _flat(b["x_q"], n, cols), b["x_s"][:n]
+        x_q, x_s = _arrays.first_rows(b["x_q"], n, cols), b["x_s"][:n]
         part = b["part"][:n * (H + 1)]
         sums, sumsq = part[:n * H].reshape(n, H), part[n * H:]
         whole_row = self.solo or self.exact  # v is the whole row on this rank
@@ -627,8 +628,3 @@ class TPSession:
         for _ in range(tokens - 1):
             generated.append(self.decode())
         return generated
-
-
-def _flat(array, rows, width):
-    """The [rows, width] view of a buffer's first rows * width elements (numpy or DeviceArray)."""
-    return array.reshape(-1)[:rows * width].reshape(rows, width)
