@@ -2,11 +2,12 @@
  * alone, see the Makefile), D = 128: out = softmax(q.k^T * scale + causal mask) v, with the schedule,
  * the online softmax and the hidden-key rule of attention_prefill.cu, the products on wgmma.
  * - Grid (query head, query tile of 128 rows, sequence), heaviest causal tiles first. A block is two
- *   warpgroups of 64 query rows; one block per SM (the S and O accumulators take 128 registers a
- *   thread), so one warpgroup's softmax runs while the other's wgmmas do.
- * - cp.async copies Q once and 128-key tiles of K and V (two stages) into shared memory in the 128-byte
- *   swizzle that wgmma reads: a tile is 2 column blocks of 64 dims, each [rows][128 bytes], chunk c of
- *   row r at c ^ (r % 8).
+ *   warpgroups of 64 query rows, warpgroup 1 half a tile behind warpgroup 0 (see the key loop), so
+ *   that one's softmax runs while the other's wgmmas do; one block per SM (the S and O accumulators
+ *   take 128 registers a thread).
+ * - cp.async copies Q once and 128-key tiles of K (two stages) and V (three) into shared memory in the
+ *   128-byte swizzle that wgmma reads: a tile is 2 column blocks of 64 dims, each [rows][128 bytes],
+ *   chunk c of row r at c ^ (r % 8).
  * - S = Q K^T: m64n128k16, Q and K from shared memory, both K-major. O += P V: P from registers (the S
  *   accumulators of keys 16kk..16kk+15, rounded to pairs, are the A fragments of step kk as they
  *   stand), V from shared memory read MN-major (dims along N).
