@@ -160,8 +160,7 @@ def add_arguments(parser):
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--tp", type=int, default=1,
-                        help="tensor parallelism over this many GPUs, one process each (--prompt "
-                             "only)")
+                        help="tensor parallelism over this many GPUs, one process each")
     parser.add_argument("--tp-exact", action="store_true",
                         help="with --tp: one GPU's logits bit for bit (same greedy tokens), for "
                              "more work per GPU: every GPU runs attention for all heads")
@@ -200,9 +199,8 @@ def main_tensor_parallel(args):
     from .launcher import run_ranks
     from .sampling import sampling_settings
     from .tensor_parallel import generate_rank
-    if args.tp < 2 or args.chat:
-        raise InvalidArgumentError(f"--tp {args.tp}: tensor parallelism takes 2 or more GPUs and "
-                                   f"runs --prompt generation only (no --chat)")
+    if args.tp < 2:
+        raise InvalidArgumentError(f"--tp {args.tp}: tensor parallelism takes 2 or more GPUs")
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                     seed=args.seed)
     sampling_settings(**sampling)  # checked here, before the ranks start
@@ -210,6 +208,11 @@ def main_tensor_parallel(args):
         raise InvalidArgumentError(f"max_tokens must be at least 1, got {args.max_tokens}")
     source = open_source(args.model)
     tokenizer = _tokenizer(args.model, source)
+    if args.chat:
+        from .tensor_parallel import chat_over_ranks
+        return chat_over_ranks(args.model, args.tp, source.config.max_positions, sampling,
+                               args.tp_exact,
+                               lambda session: chat_turns(tokenizer, session, args.max_tokens))
     prompt = tokenizer.encode(args.prompt)
     if len(prompt) + args.max_tokens > source.config.max_positions:
         raise InvalidArgumentError(f"{len(prompt)} prompt tokens + {args.max_tokens} new ones "
@@ -243,10 +246,15 @@ def _speed(t):
 def chat(model, sampling):
     """Turns read from stdin; the KV cache keeps the conversation, and each turn prefills only
     the tokens after the part of the cache that still matches."""
-    tok = model.tokenizer
     session = model.session(1, model.config.max_positions)
     session.set_sampling(sampling["temperature"], sampling["top_k"], sampling["top_p"],
                          sampling["seed"])
+    return chat_turns(model.tokenizer, session, sampling["max_tokens"])
+
+
+def chat_turns(tok, session, max_tokens):
+    """chat's loop over any session with model.Session's rewind(length), extend([ids]) and
+    decode() (next tokens, [batch]) and capacity: one GPU's, or tensor_parallel.RankSession."""
     messages, cached = [], []
     while True:
         try:
@@ -261,7 +269,7 @@ def chat(model, sampling):
         while common < min(len(ids), len(cached)) and ids[common] == cached[common]:
             common += 1
         common = min(common, len(ids) - 1)  # at least one new token to prefill
-        if len(ids) + sampling["max_tokens"] > session.capacity:
+        if len(ids) + max_tokens > session.capacity:
             print("[the conversation is longer than the model's context: ended]", file=sys.stderr)
             break
         session.rewind(common)
@@ -275,7 +283,7 @@ def chat(model, sampling):
             if token in tok.stop_ids:
                 break
             print(stream.push(token), end="", flush=True)
-            if len(reply) >= sampling["max_tokens"]:
+            if len(reply) >= max_tokens:
                 break
             token = int(session.decode()[0])
         decode_s = time.perf_counter() - start

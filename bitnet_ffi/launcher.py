@@ -4,7 +4,8 @@ and turns a failure anywhere into an error everywhere. When a rank raises or die
 rank is told which one (its RankContext aborts its communicators, so that no collective waits for
 the dead rank, and ``check()`` raises RankFailedError naming it); the parent raises the same, with
 each rank's message. A run past its timeout is aborted the same way. Nothing hangs: ranks still
-alive a grace period after an abort are killed."""
+alive a grace period after an abort are killed. A caller that runs ``run_ranks`` in a thread can
+feed every rank the same commands meanwhile and take their replies (``generate --tp --chat``)."""
 import faulthandler
 import multiprocessing as mp
 import os
@@ -30,7 +31,8 @@ class RankContext:
         self.aborted = threading.Event()
         self.abort_message, self.failed_rank = None, None
         self._callbacks = []
-        self._inbox = queue.Queue()
+        self._inbox = queue.Queue()     # what rank 0 broadcasts
+        self._commands = queue.Queue()  # what the launcher's caller sends (run_ranks' commands)
         if conn is not None:
             threading.Thread(target=self._listen, daemon=True).start()
 
@@ -49,7 +51,7 @@ class RankContext:
                     except Exception:  # noqa: BLE001 - an abort must reach every communicator
                         pass
                 return
-            self._inbox.put(payload)
+            (self._commands if kind == "command" else self._inbox).put(payload)
 
     def on_abort(self, callback):
         """Calls callback() (from the listening thread) when another rank fails."""
@@ -69,10 +71,22 @@ class RankContext:
         if self.rank == 0:
             self.conn.send(("broadcast", value))
             return value
+        return self._next(self._inbox)
+
+    def receive(self):
+        """The next item of run_ranks' `commands` (the same on every rank, in order); None once
+        the caller is done."""
+        return self._next(self._commands)
+
+    def reply(self, value):
+        """Hands value to run_ranks' `replies` (in the caller's process)."""
+        self.conn.send(("reply", value))
+
+    def _next(self, inbox):
         while True:
             self.check()
             try:
-                return self._inbox.get(timeout=0.2)
+                return inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
 
@@ -100,11 +114,15 @@ def _rank_main(target, rank, world, device, conn, args):
     conn.close()
 
 
-def run_ranks(target, world, args=(), timeout=600.0, devices=None, grace=GRACE_S):
+def run_ranks(target, world, args=(), timeout=600.0, devices=None, grace=GRACE_S, commands=None,
+              replies=None):
     """Runs ``target(ctx, *args)`` in `world` spawned processes, rank r on CUDA device
     devices[r] (default r); returns their results in rank order. target and args must pickle.
     Raises RankFailedError naming the rank that failed first (or timed out); after a failure or
-    the timeout, the other ranks get `grace` seconds to stop before they are killed."""
+    the timeout, the other ranks get `grace` seconds to stop before they are killed.
+    `commands` (a queue.Queue, for a caller that runs this in a thread): each item put there goes
+    to every rank's ctx.receive(), None last; what a rank passes to ctx.reply() is put on
+    `replies`."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     devices = list(range(world)) if devices is None else list(devices)
     context = mp.get_context("spawn")
@@ -120,13 +138,28 @@ def run_ranks(target, world, args=(), timeout=600.0, devices=None, grace=GRACE_S
     results, errors, open_ranks = {}, {}, set(range(world))
     first_failure = None
     deadline = time.monotonic() + timeout
+    send_lock = threading.Lock()  # the commands' thread sends too
+
+    def send(ranks, message):
+        with send_lock:
+            for r in list(ranks):
+                try:
+                    pipes[r].send(message)
+                except OSError:
+                    pass
 
     def abort_all(failed_rank, message):
-        for r in open_ranks:
-            try:
-                pipes[r].send(("abort", (failed_rank, message)))
-            except OSError:
-                pass
+        send(open_ranks, ("abort", (failed_rank, message)))
+
+    def relay_commands():
+        while True:
+            item = commands.get()
+            send(open_ranks, ("command", item))
+            if item is None:
+                return
+
+    if commands is not None:
+        threading.Thread(target=relay_commands, daemon=True).start()
 
     try:
         while open_ranks:
@@ -150,8 +183,10 @@ def run_ranks(target, world, args=(), timeout=600.0, devices=None, grace=GRACE_S
                 except (EOFError, OSError):
                     kind, payload = "exit", None
                 if kind == "broadcast":
-                    for r in open_ranks - {rank}:
-                        pipes[r].send(("broadcast", payload))
+                    send(open_ranks - {rank}, ("broadcast", payload))
+                    continue
+                if kind == "reply":
+                    replies.put(payload)
                     continue
                 open_ranks.discard(rank)
                 if kind == "done":

@@ -48,7 +48,7 @@ from . import _arrays, _ffi
 from ._arrays import CPU, DeviceArray
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Graph, Stream
-from .errors import InvalidArgumentError, UnsupportedError
+from .errors import InvalidArgumentError, RankFailedError, UnsupportedError
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsnorm_partial,
@@ -298,6 +298,82 @@ def generate_rank(ctx, path, prompt, tokens, method, sampling=None, exact=False)
         group.close()
 
 
+def chat_rank(ctx, path, capacity, sampling, exact):
+    """launcher.run_ranks' target for a chat over the ranks: the checkpoint's shard, then the
+    caller's commands (RankSession) until None; rank 0 replies with each next token."""
+    from . import comm
+    group = comm.Group(ctx, method="peer", max_bytes=PEER_BYTES)
+    session = TPSession(load_shard(path, ctx.rank, ctx.world, ctx.device, exact), group, capacity)
+    session.set_sampling(**sampling)
+    try:
+        while (command := ctx.receive()) is not None:
+            kind, argument = command
+            if kind == "rewind":
+                session.rewind(argument)
+                continue
+            token = session.extend(argument) if kind == "extend" else session.decode()
+            if ctx.rank == 0:
+                ctx.reply(token)
+    finally:
+        session.close()
+        group.close()
+
+
+class RankSession:
+    """model.Session's rewind / extend / decode / capacity for generate.chat_turns, run by the
+    ranks of chat_over_ranks; a rank failure ends the wait for a token with its error."""
+
+    def __init__(self, commands, replies, capacity, outcome):
+        self.commands, self.replies, self.outcome = commands, replies, outcome
+        self.capacity = capacity
+
+    def rewind(self, length):
+        self.commands.put(("rewind", int(length)))
+
+    def extend(self, ids):
+        self.commands.put(("extend", [int(t) for t in ids[0]]))
+        return [self._token()]
+
+    def decode(self):
+        self.commands.put(("decode", None))
+        return [self._token()]
+
+    def _token(self):
+        token = self.replies.get()
+        if token is None:  # chat_over_ranks' thread: the ranks ended
+            raise self.outcome.get("error") or RankFailedError("the ranks ended", failed_rank=None)
+        return token
+
+
+def chat_over_ranks(path, world, capacity, sampling, exact, turns):
+    """Runs turns(session) (generate.chat_turns) in this process with a RankSession over
+    `world` ranks (chat_rank, one process per GPU); returns what turns returns. Interactive: no
+    timeout."""
+    import queue
+    import threading
+
+    from .launcher import run_ranks
+    commands, replies, outcome = queue.Queue(), queue.Queue(), {}
+
+    def ranks():
+        try:
+            run_ranks(chat_rank, world, args=(path, capacity, sampling, exact),
+                      timeout=float("inf"), commands=commands, replies=replies)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            outcome["error"] = exc
+        replies.put(None)
+
+    thread = threading.Thread(target=ranks, daemon=True)
+    thread.start()
+    try:
+        return turns(RankSession(commands, replies, capacity, outcome))
+    finally:
+        commands.put(None)
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+
+
 # Bytes whose four 2-bit codes are each 0, 1 or 2 (weights -1, 0, 1; docs/weight_format.md).
 _TERNARY_BYTES = np.array([a | b << 2 | c << 4 | d << 6
                            for a, b, c, d in itertools.product(range(3), repeat=4)], np.uint8)
@@ -446,8 +522,12 @@ class TPSession:
 
     def reset(self):
         """An empty sequence: the next token goes to position 0."""
-        self.upload([0], self.positions)
-        self.upload([1], self.seq_lens)
+        self.rewind(0)
+
+    def rewind(self, length):
+        """Forgets the tokens from position `length` on (their cache rows get overwritten)."""
+        self.upload([length], self.positions)
+        self.upload([length + 1], self.seq_lens)
 
     def time_decode(self, replays):
         """Device ms per decode step (the graph, after at least one decode), every timed run of
@@ -596,25 +676,30 @@ class TPSession:
         return int(self.download(self.b["ids"])[0])
 
     def prefill(self, prompt):
-        """Starts afresh with `prompt` (host ints) in passes of up to `chunk` tokens (a pass of
-        `chunk` tokens is a CUDA graph, captured once; a shorter last pass runs op by op). Returns
-        the next token; logits() are the last prompt token's."""
-        prompt = [int(t) for t in prompt]
-        if not 1 <= len(prompt) <= self.capacity:
-            raise InvalidArgumentError(f"prefill: expected 1 to {self.capacity} tokens (the KV "
-                                       f"cache), got {len(prompt)}")
+        """Starts afresh with `prompt` (host ints); returns the next token (extend)."""
         self.reset()
-        for start in range(0, len(prompt), self.chunk):
-            ids = prompt[start:start + self.chunk]
-            self.upload(ids, self.b["ids"][:len(ids)])
-            if self.stream is not None and len(ids) == self.chunk:
+        return self.extend(prompt)
+
+    def extend(self, ids):
+        """Appends `ids` (host ints) at the sequence's position in passes of up to `chunk` tokens
+        (a pass of `chunk` tokens is a CUDA graph, captured once; a shorter last pass runs op by
+        op). Returns the next token; logits() are the last token's."""
+        ids = [int(t) for t in ids]
+        position = int(self.download(self.positions)[0])
+        if not ids or position + len(ids) > self.capacity:
+            raise InvalidArgumentError(f"extend: expected 1 to {self.capacity - position} tokens "
+                                       f"(the KV cache from position {position}), got {len(ids)}")
+        for start in range(0, len(ids), self.chunk):
+            part = ids[start:start + self.chunk]
+            self.upload(part, self.b["ids"][:len(part)])
+            if self.stream is not None and len(part) == self.chunk:
                 if self.prefill_graph is None:
                     with Graph.capture(self.stream) as graph:
                         self.step(self.chunk)
                     self.prefill_graph = graph
                 self.prefill_graph.launch()
             else:
-                self.step(len(ids))
+                self.step(len(part))
         self.synchronize()
         return int(self.download(self.b["ids"])[0])
 

@@ -156,6 +156,33 @@ def test_launcher_returns_each_rank_result():
     assert launcher.run_ranks(_double, 3, args=(1,), timeout=120) == [1, 3, 5]
 
 
+def _echo_rank(ctx):
+    seen = []
+    while (item := ctx.receive()) is not None:
+        seen.append(item)
+        if ctx.rank == 0:
+            ctx.reply(2 * item)
+    return seen
+
+
+@pytest.mark.cpu
+def test_launcher_relays_commands_and_replies():
+    """run_ranks' commands reach every rank in order (ctx.receive), None ending them, and rank
+    0's ctx.reply comes back on replies while the ranks run (the --tp --chat protocol)."""
+    import queue
+    import threading
+    commands, replies, out = queue.Queue(), queue.Queue(), {}
+    thread = threading.Thread(target=lambda: out.update(results=launcher.run_ranks(
+        _echo_rank, 2, timeout=60, commands=commands, replies=replies)))
+    thread.start()
+    for item in (1, 2, 3):
+        commands.put(item)
+        assert replies.get(timeout=30) == 2 * item
+    commands.put(None)
+    thread.join(60)
+    assert out["results"] == [[1, 2, 3], [1, 2, 3]]
+
+
 @pytest.mark.cpu
 def test_launcher_names_the_failed_rank_on_every_rank():
     start = time.monotonic()
@@ -422,6 +449,33 @@ def test_prefill_in_passes_matches_decode_steps_on_simulated_ranks(monkeypatch):
                     _prefill_run, world, weights, world):
                 np.testing.assert_array_equal(logits, stepped)
                 assert token == stepped_token
+
+
+def _extend_run(group, weights, world):
+    """(token, logits) of PROMPT + FORCED: prefilled whole; PROMPT then FORCED by extend; and
+    after a detour (FORCED[::-1] appended, then rewound to PROMPT's end), FORCED by extend."""
+    session = tp.TPSession(tp.shard_weights(weights, group.rank, world, group.device), group, 32)
+    whole = session.prefill(PROMPT + FORCED), session.logits()
+    session.prefill(PROMPT)
+    extended = session.extend(FORCED), session.logits()
+    session.extend(FORCED[::-1])
+    session.rewind(len(PROMPT))
+    rewound = session.extend(FORCED), session.logits()
+    return whole, extended, rewound
+
+
+@pytest.mark.cpu
+def test_extend_and_rewind_continue_the_sequence_on_simulated_ranks(monkeypatch):
+    """TPSession.extend appends at the sequence's position and rewind forgets the tail (what a
+    chat turn does): the last token's logits and next token equal those of one prefill of the
+    whole sequence, bit for bit, on 1 and 2 simulated ranks (passes of 3 tokens)."""
+    monkeypatch.setattr(tp, "PREFILL_CHUNK", 3)
+    weights = quiet_attention(model.random_weights(SPLIT, CPU, seed=3))
+    for world in (1, 2):
+        for whole, extended, rewound in comm.run_threads(_extend_run, world, weights, world):
+            for token, logits in (extended, rewound):
+                assert token == whole[0]
+                np.testing.assert_array_equal(logits, whole[1])
 
 
 @pytest.mark.cpu
@@ -734,6 +788,27 @@ def test_generate_tp_on_two_gpus_runs_a_checkpoint(name, prompt_key, capsys):
     ranks = launcher.run_ranks(tp.generate_rank, 2, args=(path, prompt, 6, "peer", None, True),
                                timeout=120)
     assert ranks[0][0] == ranks[1][0] == one  # the exact layout: one GPU's greedy tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.multi_gpu
+def test_generate_tp_chat_keeps_the_cache_on_two_gpus(monkeypatch, capsys):
+    """`generate --tp 2 --tp-exact --chat`: the turns typed go to both ranks, each turn extends
+    their KV caches, and the replies printed are one GPU's chat replies (the exact layout gives
+    one GPU's logits bit for bit)."""
+    import io
+    from bitnet_ffi import cli
+    if _gpus() < 2:
+        pytest.skip(f"needs 2 GPUs, found {_gpus()}")
+    path = os.path.join(FIXTURES, "bitnet-packed")
+    turns = "Hello there\nAnd then?\n\n"
+    replies = []
+    for tp_args in ([], ["--tp", "2", "--tp-exact"]):
+        monkeypatch.setattr("sys.stdin", io.StringIO(turns))
+        assert cli.main(["generate", "--model", path, "--chat", "--max-tokens", "6",
+                         "--device", "cuda", *tp_args]) == 0
+        replies.append(capsys.readouterr().out.splitlines())
+    assert len(replies[0]) == 2 and replies[1] == replies[0]
 
 
 def _fail_mid_run(ctx, method):
