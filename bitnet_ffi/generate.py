@@ -195,7 +195,7 @@ def main_tensor_parallel(args):
     """--tp N: the prompt's continuation on N GPUs, one process each
     (tensor_parallel.generate_rank; every rank reads the checkpoint a layer at a time and uploads
     its shard). The text is printed when the ranks are done, with rank 0's prefill and decode
-    speeds."""
+    speeds. With --chat, the turns run here against the ranks (tensor_parallel.chat_over_ranks)."""
     from .launcher import run_ranks
     from .sampling import sampling_settings
     from .tensor_parallel import generate_rank

@@ -184,6 +184,27 @@ def test_launcher_relays_commands_and_replies():
 
 
 @pytest.mark.cpu
+def test_rank_session_commands_and_a_rank_failure():
+    """RankSession (the chat's side of --tp --chat) puts rewind / extend / decode commands for the
+    ranks and returns rank 0's tokens as model.Session does ([batch]); when the ranks end with an
+    error, the wait for a token raises it instead of hanging."""
+    import queue
+    commands, replies, outcome = queue.Queue(), queue.Queue(), {}
+    session = tp.RankSession(commands, replies, 64, outcome)
+    session.rewind(3)
+    replies.put(17)
+    assert session.extend([[5, 6]]) == [17]
+    replies.put(18)
+    assert session.decode() == [18]
+    assert [commands.get_nowait() for _ in range(3)] == [("rewind", 3), ("extend", [5, 6]),
+                                                         ("decode", None)]
+    outcome["error"] = RankFailedError("rank 1 failed: boom", failed_rank=1)
+    replies.put(None)
+    with pytest.raises(RankFailedError, match="rank 1 failed: boom"):
+        session.decode()
+
+
+@pytest.mark.cpu
 def test_launcher_names_the_failed_rank_on_every_rank():
     start = time.monotonic()
     with pytest.raises(RankFailedError) as info:
