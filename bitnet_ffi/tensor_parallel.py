@@ -299,12 +299,15 @@ def generate_rank(ctx, path, prompt, tokens, method, sampling=None, exact=False)
 
 
 def chat_rank(ctx, path, capacity, sampling, exact):
-    """launcher.run_ranks' target for a chat over the ranks: the checkpoint's shard, then the
-    caller's commands (RankSession) until None; rank 0 replies with each next token."""
+    """launcher.run_ranks' target for a chat over the ranks: the checkpoint's shard (rank 0 then
+    replies "ready"), then the caller's commands (RankSession) until None; rank 0 replies with
+    each next token."""
     from . import comm
     group = comm.Group(ctx, method="peer", max_bytes=PEER_BYTES)
     session = TPSession(load_shard(path, ctx.rank, ctx.world, ctx.device, exact), group, capacity)
     session.set_sampling(**sampling)
+    if ctx.rank == 0:
+        ctx.reply("ready")
     try:
         while (command := ctx.receive()) is not None:
             kind, argument = command
@@ -332,17 +335,21 @@ class RankSession:
 
     def extend(self, ids):
         self.commands.put(("extend", [int(t) for t in ids[0]]))
-        return [self._token()]
+        return [self._reply()]
 
     def decode(self):
         self.commands.put(("decode", None))
-        return [self._token()]
+        return [self._reply()]
 
-    def _token(self):
-        token = self.replies.get()
-        if token is None:  # chat_over_ranks' thread: the ranks ended
+    def wait_ready(self):
+        """Until rank 0 holds its shard (chat_rank's first reply); a rank that failed first raises."""
+        self._reply()
+
+    def _reply(self):
+        reply = self.replies.get()
+        if reply is None:  # chat_over_ranks' thread: the ranks ended
             raise self.outcome.get("error") or RankFailedError("the ranks ended", failed_rank=None)
-        return token
+        return reply
 
 
 def chat_over_ranks(path, world, capacity, sampling, exact, turns):
@@ -366,7 +373,9 @@ def chat_over_ranks(path, world, capacity, sampling, exact, turns):
     thread = threading.Thread(target=ranks, daemon=True)
     thread.start()
     try:
-        return turns(RankSession(commands, replies, capacity, outcome))
+        session = RankSession(commands, replies, capacity, outcome)
+        session.wait_ready()  # a failure to load shows now, not after the first turn is typed
+        return turns(session)
     finally:
         commands.put(None)
         thread.join()

@@ -185,12 +185,15 @@ def test_launcher_relays_commands_and_replies():
 
 @pytest.mark.cpu
 def test_rank_session_commands_and_a_rank_failure():
-    """RankSession (the chat's side of --tp --chat) puts rewind / extend / decode commands for the
-    ranks and returns rank 0's tokens as model.Session does ([batch]); when the ranks end with an
-    error, the wait for a token raises it instead of hanging."""
+    """RankSession (the chat's side of --tp --chat) waits for the ranks' "ready", puts rewind /
+    extend / decode commands for them and returns rank 0's tokens as model.Session does
+    ([batch]); when the ranks end with an error, the wait for a token raises it instead of
+    hanging."""
     import queue
     commands, replies, outcome = queue.Queue(), queue.Queue(), {}
     session = tp.RankSession(commands, replies, 64, outcome)
+    replies.put("ready")
+    session.wait_ready()
     session.rewind(3)
     replies.put(17)
     assert session.extend([[5, 6]]) == [17]
