@@ -342,7 +342,7 @@ class RankSession:
         return [self._reply()]
 
     def wait_ready(self):
-        """Until rank 0 holds its shard (chat_rank's first reply); a rank that failed first raises."""
+        """Until rank 0 holds its shard (chat_rank's first reply), or a rank's error."""
         self._reply()
 
     def _reply(self):
