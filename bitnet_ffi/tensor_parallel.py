@@ -454,7 +454,7 @@ class TPSession:
         self.shard, self.group, self.config, self.capacity = shard, group, c, capacity
         self.device = group.device
         self.stream = Stream(self.device) if self.device != CPU else None
-        self.graph = None
+        self.graphs = {}  # pass length -> its captured step (1: the decode step)
         self.sampling = None
         self.solo = sp.world == 1  # no collectives: the unsplit model's step
         whole = isinstance(sp, ExactSplit)  # every head on every rank
@@ -494,7 +494,6 @@ class TPSession:
         ws = max(attention_workspace_size(self.device, 1, n, hq, hkv, D, capacity)
                  for n in range(1, T + 1))  # a pass of any length up to T
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
-        self.prefill_graph = None  # a pass of `chunk` tokens
         self.b = b
         self.reset()
 
@@ -557,18 +556,18 @@ class TPSession:
             if self.stream is not None:
                 self.group.all_reduce(self.b["sync"], self.b["sync"], stream=self.stream)
 
-        ms = self.graph.time_ms(replays, reset)
+        ms = self.graphs[1].time_ms(replays, reset)
         reset()
         self.synchronize()
         return ms
 
     def close(self):
         """Destroys the step's graphs (before the group is closed: Group.close says why)."""
-        for name in ("graph", "prefill_graph"):
-            if getattr(self, name) is not None:
-                self.synchronize()
-                getattr(self, name).close()
-                setattr(self, name, None)
+        if self.graphs:
+            self.synchronize()
+        for graph in self.graphs.values():
+            graph.close()
+        self.graphs = {}
 
     def step(self, n=1):
         """n tokens (n <= chunk) at positions p .. p + n - 1 through every layer, p =
@@ -673,16 +672,20 @@ class TPSession:
         step's output. Returns the greedy next token."""
         if token is not None:
             self.upload([token], self.b["ids"][:1])
-        if self.stream is None:
-            self.step()
-        else:
-            if self.graph is None:
-                with Graph.capture(self.stream) as graph:
-                    self.step()
-                self.graph = graph
-            self.graph.launch()
+        self.run_pass(1)
         self.synchronize()
         return int(self.download(self.b["ids"])[0])
+
+    def run_pass(self, n):
+        """step(n): on a GPU as the graph captured at its first run of that length."""
+        if self.stream is None:
+            self.step(n)
+            return
+        if n not in self.graphs:
+            with Graph.capture(self.stream) as graph:
+                self.step(n)
+            self.graphs[n] = graph
+        self.graphs[n].launch()
 
     def prefill(self, prompt):
         """Starts afresh with `prompt` (host ints); returns the next token (extend)."""
@@ -691,8 +694,8 @@ class TPSession:
 
     def extend(self, ids):
         """Appends `ids` (host ints) at the sequence's position in passes of up to `chunk` tokens
-        (a pass of `chunk` tokens is a CUDA graph, captured once; a shorter last pass runs op by
-        op). Returns the next token; logits() are the last token's."""
+        (a pass of `chunk` tokens is a CUDA graph, captured once, run_pass; a shorter last pass
+        runs op by op). Returns the next token; logits() are the last token's."""
         ids = [int(t) for t in ids]
         position = int(self.download(self.positions)[0])
         if not ids or position + len(ids) > self.capacity:
@@ -701,12 +704,8 @@ class TPSession:
         for start in range(0, len(ids), self.chunk):
             part = ids[start:start + self.chunk]
             self.upload(part, self.b["ids"][:len(part)])
-            if self.stream is not None and len(part) == self.chunk:
-                if self.prefill_graph is None:
-                    with Graph.capture(self.stream) as graph:
-                        self.step(self.chunk)
-                    self.prefill_graph = graph
-                self.prefill_graph.launch()
+            if len(part) == self.chunk:
+                self.run_pass(self.chunk)
             else:
                 self.step(len(part))
         self.synchronize()
