@@ -123,10 +123,7 @@ class Model:
             accept(session.decode())
             steps += 1
         decode_s = time.perf_counter() - start
-        timings = {"prefill_s": prefill_s, "prefill_tokens_per_s": int(lengths.sum()) / prefill_s,
-                   "decode_steps": steps, "decode_s": decode_s,
-                   "decode_ms_per_step": 1e3 * decode_s / steps if steps else None,
-                   "decode_tokens_per_s": B * steps / decode_s if steps else None}
+        timings = speed_timings(int(lengths.sum()), prefill_s, B, steps, decode_s)
         results = []
         for p, o in zip(ids, out):
             body = o[:-1] if o and stop and o[-1] in self.tokenizer.stop_ids else o
@@ -235,6 +232,14 @@ def main_tensor_parallel(args):
     return 0
 
 
+def speed_timings(prompt_tokens, prefill_s, sequences, steps, decode_s):
+    """The timings a generation reports: prefill and decode rates from host-clock seconds."""
+    return {"prefill_s": prefill_s, "prefill_tokens_per_s": prompt_tokens / prefill_s,
+            "decode_steps": steps, "decode_s": decode_s,
+            "decode_ms_per_step": 1e3 * decode_s / steps if steps else None,
+            "decode_tokens_per_s": sequences * steps / decode_s if steps else None}
+
+
 def _speed(t):
     line = f"prefill: {t['prefill_tokens_per_s']:.0f} tokens/s"
     if t["decode_steps"]:
@@ -289,10 +294,8 @@ def chat_turns(tok, session, max_tokens):
         decode_s = time.perf_counter() - start
         print(stream.flush())
         steps = len(reply) - 1
-        print(_speed({"prefill_tokens_per_s": (len(ids) - common) / prefill_s,
-                      "decode_steps": steps, "decode_s": decode_s,
-                      "decode_tokens_per_s": steps / decode_s if steps else 0,
-                      "decode_ms_per_step": 1e3 * decode_s / max(steps, 1)}), file=sys.stderr)
+        print(_speed(speed_timings(len(ids) - common, prefill_s, 1, steps, decode_s)),
+              file=sys.stderr)
         body = reply[:-1] if reply[-1] in tok.stop_ids else reply
         messages.append({"role": "assistant", "content": tok.decode(body)})
         cached = ids + reply

@@ -267,8 +267,9 @@ def generate_shard(group, path, prompt, tokens, sampling=None, exact=False):
     """One rank's continuation of `prompt` (token ids) by `tokens` tokens, with its shard (split
     or exact layout) of the checkpoint at `path`: greedy, or drawn as `sampling`
     (set_sampling's keyword arguments) says; `group` holds its collectives (comm.Group, or a
-    comm.ThreadGroup on the CPU). Returns the new ids and the timings (host clock), named as
-    generate.Model.generate names them."""
+    comm.ThreadGroup on the CPU). Returns the new ids and the timings (host clock,
+    generate.speed_timings)."""
+    from .generate import speed_timings
     session = TPSession(load_shard(path, group.rank, group.world, group.device, exact), group,
                         len(prompt) + tokens)
     session.set_sampling(**(sampling or {}))
@@ -279,11 +280,8 @@ def generate_shard(group, path, prompt, tokens, sampling=None, exact=False):
         start = time.perf_counter()
         for _ in range(tokens - 1):
             ids.append(session.decode())
-        decode_s, steps = time.perf_counter() - start, tokens - 1
-        return ids, {"prefill_s": prefill_s, "prefill_tokens_per_s": len(prompt) / prefill_s,
-                     "decode_steps": steps, "decode_s": decode_s,
-                     "decode_ms_per_step": 1e3 * decode_s / steps if steps else None,
-                     "decode_tokens_per_s": steps / decode_s if steps else None}
+        return ids, speed_timings(len(prompt), prefill_s, 1, tokens - 1,
+                                  time.perf_counter() - start)
     finally:
         session.close()
 
