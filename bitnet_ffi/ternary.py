@@ -9,24 +9,38 @@ from ._arrays import CPU, DTYPE_CODES, FLOAT_DTYPES, DeviceArray
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 OUT_DTYPES = ("float32", "float16", "bfloat16", "int32")
+SCALE_BLOCK = 256  # weights per block scale (TernaryWeights.block_scales)
 
 
 class TernaryWeights:
     """Packed ternary weights of shape (M, K): ``packed`` is uint8 [M, K/4] (2 bits per weight,
     docs/weight_format.md) and ``scales`` float32 [M], both on ``device`` (-1 for the CPU), of the
     same array kind (numpy, torch, cupy or DeviceArray). The weight matrix they stand for is
-    ``unpack() * scales[:, None]``."""
+    ``unpack() * scales[:, None]``; with ``block_scales`` (float32 [M, K/256], a scale per block
+    of 256 weights, as llama.cpp's TQ1_0 and TQ2_0 keep them; K a multiple of 256) it is
+    ``unpack() * scales[:, None] * np.repeat(block_scales, 256, axis=1)``, and gemv_w2a8 takes
+    the block-scaled kernel (docs/models.md says what that costs)."""
 
-    def __init__(self, packed, scales):
-        arrays, device, _ = _arrays.prepare({"packed": packed, "scales": scales})
+    def __init__(self, packed, scales, block_scales=None):
+        arrays, device, _ = _arrays.prepare({"packed": packed, "scales": scales,
+                                             "block_scales": block_scales},
+                                            optional=("block_scales",))
         pa = _arrays.check(arrays["packed"], "packed", "uint8", (None, None))
-        M = pa.shape[0]
+        M, K = pa.shape[0], pa.shape[1] * 4
         _arrays.check(arrays["scales"], "scales", "float32", (M,))
-        self.packed, self.scales = packed, scales
-        self.shape, self.device = (M, pa.shape[1] * 4), device
+        if block_scales is not None:
+            if K % SCALE_BLOCK:
+                raise InvalidArgumentError(f"block_scales: K = {K} is not a multiple of the "
+                                           f"scale block ({SCALE_BLOCK} weights)")
+            _arrays.check(arrays["block_scales"], "block_scales", "float32",
+                          (M, K // SCALE_BLOCK))
+        self.packed, self.scales, self.block_scales = packed, scales, block_scales
+        self.shape, self.device = (M, K), device
 
     def __repr__(self):
-        return f"TernaryWeights(shape={self.shape}, device={_arrays.device_name(self.device)})"
+        blocks = ", block_scales" if self.block_scales is not None else ""
+        return (f"TernaryWeights(shape={self.shape}{blocks}, "
+                f"device={_arrays.device_name(self.device)})")
 
     def unpack(self, stream=None):
         """The ternary values, int8 [M, K] in {-1, 0, 1}, as the same kind of array as ``packed``."""
@@ -45,7 +59,9 @@ class TernaryWeights:
         target = resolve(device)
         if target == self.device:
             return self
-        return TernaryWeights(_copy(self.packed, target), _copy(self.scales, target))
+        return TernaryWeights(_copy(self.packed, target), _copy(self.scales, target),
+                              None if self.block_scales is None
+                              else _copy(self.block_scales, target))
 
 
 def _host(obj):
@@ -143,7 +159,7 @@ def quantize_i2s(w, row_segments=None, stream=None):
     return TernaryWeights(packed, scales)
 
 
-def pack_ternary(w_q, scales, stream=None):
+def pack_ternary(w_q, scales, block_scales=None, stream=None):
     """Packs ternary values that are already quantized.
 
     Parameters
@@ -151,6 +167,8 @@ def pack_ternary(w_q, scales, stream=None):
     w_q : int8 array [M, K] with values in {-1, 0, 1}, K a multiple of 128 (any other value
         raises InvalidArgumentError; on a GPU the check waits for the stream)
     scales : a scalar, or float32 [M] per-row scales on w_q's device
+    block_scales : optional float32 [M, K/256] on w_q's device, a scale per 256-weight block on
+        top of the row's (see TernaryWeights)
 
     Returns
     -------
@@ -161,9 +179,10 @@ def pack_ternary(w_q, scales, stream=None):
     M, K = qa.shape
     scales = _scales_like(qa, scales, M)
     packed = _arrays.new_like(qa, (M, K // 4), "uint8")
+    weights = TernaryWeights(packed, scales, block_scales)  # checks block_scales before packing
     _ffi.call("pack_ternary", device, qa.cptr("int8_t *"), M, K,
               _arrays.as_array(packed, "packed").cptr("uint8_t *"), handle)
-    return TernaryWeights(packed, scales)
+    return weights
 
 
 def quantize_a8(x, out=None, stream=None):
@@ -204,7 +223,9 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     """Ternary-weight, int8-activation GEMV: ``y[n, m] = dot(x_q[n], W_q[m]) * scales[m] / s[n]``.
 
     The dot is exact in int32; the scaling is float32, then rounded to out_dtype. "int32" gives
-    the raw dot.
+    the raw dot. Weights with block_scales: each 256-weight block's exact dot times its scale,
+    summed in float32 (bitnet.h's bitnet_gemv_w2a8_block_scaled states the bound), then as above;
+    no "int32".
 
     Parameters
     ----------
@@ -224,9 +245,14 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     if out_dtype not in OUT_DTYPES:
         raise InvalidArgumentError(f"out_dtype must be one of {', '.join(OUT_DTYPES)}, "
                                    f"got {out_dtype!r}")
+    blocked = w.block_scales is not None
+    if blocked and out_dtype == "int32":
+        raise InvalidArgumentError("out_dtype int32: weights with block_scales have no integer "
+                                   "dot; use a float out_dtype")
     arrays, device, handle = _arrays.prepare(
-        {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "out": out}, stream,
-        writes=("out",), optional=("out",))
+        {"w.packed": w.packed, "w.scales": w.scales, "w.block_scales": w.block_scales,
+         "x_q": x_q, "s": s, "out": out}, stream, writes=("out",),
+        optional=("out", "w.block_scales"))
     M, K = w.shape
     xa = arrays["x_q"]
     N, _, lead = _arrays.tokens(xa.shape, "x_q")
@@ -234,9 +260,15 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     sa = arrays["s"]
     _arrays.check(sa, "s", "float32", sa.shape if not lead and sa.size == 1 else (N,))
     out, ya = _arrays.output(arrays, "out", out, xa, (*lead, M), out_dtype)
-    _ffi.call("gemv_w2a8", device, arrays["w.packed"].cptr("uint8_t *"),
-              arrays["w.scales"].cptr("float *"), M, K, xa.cptr("int8_t *"), sa.cptr("float *"),
-              N, ya.cptr(), DTYPE_CODES[out_dtype], handle)
+    if blocked:
+        _ffi.call("gemv_w2a8_block_scaled", device, arrays["w.packed"].cptr("uint8_t *"),
+                  arrays["w.scales"].cptr("float *"), arrays["w.block_scales"].cptr("float *"),
+                  M, K, xa.cptr("int8_t *"), sa.cptr("float *"), N, ya.cptr(),
+                  DTYPE_CODES[out_dtype], handle)
+    else:
+        _ffi.call("gemv_w2a8", device, arrays["w.packed"].cptr("uint8_t *"),
+                  arrays["w.scales"].cptr("float *"), M, K, xa.cptr("int8_t *"),
+                  sa.cptr("float *"), N, ya.cptr(), DTYPE_CODES[out_dtype], handle)
     return out
 
 

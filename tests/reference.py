@@ -418,6 +418,13 @@ def valid_call(entry, mem, rng):
                                 x_q=put(rng.integers(-128, 128, 256, dtype=np.int8)),
                                 x_scales=put(np.full(2, 50.0, np.float32)), N=2,
                                 y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
+    if entry == "gemv_w2a8_block_scaled":
+        return Call(entry, dict(device=d, w_packed=put(rng.integers(0, 255, 192, dtype=np.uint8)),
+                                w_scales=put(np.ones(3, np.float32)),
+                                block_scales=put(np.full((3, 1), 0.5, np.float32)), M=3, K=256,
+                                x_q=put(rng.integers(-128, 128, 512, dtype=np.int8)),
+                                x_scales=put(np.full(2, 50.0, np.float32)), N=2,
+                                y=put(poison((2, 3), "float32")), y_dtype=0, stream=NULL), ("y",))
     if entry == "rmsnorm":
         return Call(entry, dict(device=d, dtype=0, T=2, H=8, x=put(values(rng, (2, 8), "float32")),
                                 residual=put(values(rng, (2, 8), "float32")),

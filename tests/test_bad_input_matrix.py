@@ -58,6 +58,7 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
+              "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
               "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial")
@@ -158,6 +159,17 @@ MUTATIONS = {
     ] + pointers("w_packed", "w_scales", "x_q", "x_scales", "y",
                  aligned=("w_packed", "w_scales", "x_q", "x_scales", "y"))
       + overlaps(("y", "x_q", ("x_q", "y")), ("w_scales", "y", ("w_scales", "y"))),
+    "gemv_w2a8_block_scaled": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("N", 0, INVALID, "N must be at least 1"),
+        Mutation("y_dtype", 4, UNSUPPORTED, "int32 is not supported"),
+        Mutation("y_dtype", 50, INVALID, "is not a bitnet_dtype"),
+        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("K", 384, UNSUPPORTED, "not a multiple of the scale block"),
+        Mutation("N", 1 << 57, INVALID, "overflow a 64-bit byte count"),  # N * K
+        Mutation("M", 1 << 61, INVALID, "overflow a 64-bit byte count"),  # M * K
+    ] + pointers("w_packed", "w_scales", "block_scales", "x_q", "x_scales", "y",
+                 aligned=("w_packed", "w_scales", "block_scales", "x_q", "x_scales", "y"))
+      + overlaps(("y", "x_q", ("x_q", "y")), ("block_scales", "y", ("block_scales", "y"))),
     "rmsnorm": bad_devices() + non_positive("must be >= 1", "T", "H") + [
         Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
         Mutation("dtype", 42, INVALID, "is not float32, float16 or bfloat16"),

@@ -152,6 +152,23 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed /* [M, K/
                                const int8_t *x_q /* [N, K] */, const float *x_scales /* [N] */,
                                int64_t N, void *y /* [N, M] */, int32_t y_dtype, void *stream);
 
+/* gemv_w2a8 with a float32 scale per 256-weight block as well (llama.cpp's TQ1_0 and TQ2_0 keep
+ * one per block): y[n, m] = (sum over b of block_scales[m, b] * dot_b) * w_scales[m] / x_scales[n],
+ * dot_b the exact int32 dot of x_q[n] and W_q[m] over weights 256b .. 256b + 255. Each product is
+ * rounded to float32 and summed in float32 in an order of the backend's choosing: the float32
+ * value is within (K/256 + 3) * 2^-24 * sum_b |block_scales[m, b] * dot_b * w_scales[m] /
+ * x_scales[n]| of the exact one, then rounded to y_dtype (F32, F16 or BF16). K % 256 == 0
+ * (else BITNET_ERR_UNSUPPORTED), K <= 2^22; w_packed and x_q aligned to 16 bytes. On a GPU the
+ * launch uses programmatic dependent launch; it waits for the previous kernel before any read. */
+bitnet_status bitnet_gemv_w2a8_block_scaled(int32_t device,
+                                            const uint8_t *w_packed /* [M, K/4] */,
+                                            const float *w_scales /* [M] */,
+                                            const float *block_scales /* [M, K/256] */,
+                                            int64_t M, int64_t K,
+                                            const int8_t *x_q /* [N, K] */,
+                                            const float *x_scales /* [N] */, int64_t N,
+                                            void *y /* [N, M] */, int32_t y_dtype, void *stream);
+
 /* The CPU SIMD path of the ternary ops and attention: 0 auto (the best this CPU runs), 1 portable
  * C, 2 AVX2, 3 AVX-512 VNNI (attention takes its AVX2 code there). Choosing a path this CPU cannot
  * run is BITNET_ERR_UNSUPPORTED. Process-wide. */

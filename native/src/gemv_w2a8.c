@@ -1,5 +1,5 @@
-/* Public entry point of the W2A8 GEMV. The work is in
- * cpu/gemv_w2a8.c and cuda/gemv_w2a8.cu. */
+/* Public entry points of the W2A8 GEMV and its block-scaled form. The work is in
+ * cpu/gemv_w2a8.c, cuda/gemv_w2a8.cu and cuda/gemv_w2a8_block_scaled.cu. */
 #include "internal.h"
 
 bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
@@ -25,4 +25,37 @@ bitnet_status bitnet_gemv_w2a8(int32_t device, const uint8_t *w_packed, const fl
                ? bn_cpu_gemv_w2a8(w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype)
                : BN_CUDA(bn_cuda_gemv_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y,
                                            y_dtype, stream));
+}
+
+bitnet_status bitnet_gemv_w2a8_block_scaled(int32_t device, const uint8_t *w_packed,
+                                            const float *w_scales, const float *block_scales,
+                                            int64_t M, int64_t K, const int8_t *x_q,
+                                            const float *x_scales, int64_t N, void *y,
+                                            int32_t y_dtype, void *stream) {
+    const char *op = "bitnet_gemv_w2a8_block_scaled";
+    BN_TRY(bn_check_device(device));
+    BN_TRY(bn_check_float_dtype(op, "y_dtype", y_dtype));
+    BN_TRY(bn_check_ternary_shape(op, "M", M, K));
+    if (K % BN_SCALE_BLOCK != 0)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: K = %lld is not a multiple of the scale "
+                       "block (%d weights)", op, (long long)K, BN_SCALE_BLOCK);
+    BN_CHECK(N >= 1, "%s: N must be at least 1, got %lld", op, (long long)N);
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8_block_scaled: x_q", N, K));
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8_block_scaled: y", N, M));
+    const int64_t y_size = bn_dtype_size(y_dtype);
+    BN_TRY(bn_check_size("bitnet_gemv_w2a8_block_scaled: y", N * M, y_size));
+    const bn_array arrays[] = {{"w_packed", w_packed, M * K / 4, 16, BN_READ},
+                               {"w_scales", w_scales, M * 4, 4, BN_READ},
+                               {"block_scales", block_scales, M * (K / BN_SCALE_BLOCK) * 4, 4,
+                                BN_READ},
+                               {"x_q", x_q, N * K, 16, BN_READ},
+                               {"x_scales", x_scales, N * 4, 4, BN_READ},
+                               {"y", y, N * M * y_size, y_size, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(op, device, arrays, BN_NO_OVERLAP);
+    return device == BITNET_DEVICE_CPU
+               ? bn_cpu_gemv_w2a8_block_scaled(w_packed, w_scales, block_scales, M, K, x_q,
+                                               x_scales, N, y, y_dtype)
+               : BN_CUDA(bn_cuda_gemv_w2a8_block_scaled(device, w_packed, w_scales, block_scales,
+                                                        M, K, x_q, x_scales, N, y, y_dtype,
+                                                        stream));
 }

@@ -153,6 +153,18 @@ bitnet_status bn_cpu_gemv_w2a8(const uint8_t *w_packed, const float *w_scales, i
                                int64_t K, const int8_t *x_q, const float *x_scales, int64_t N,
                                void *y, int32_t y_dtype);
 
+/* bitnet_gemv_w2a8_block_scaled (arguments checked): the weights' blocks of BN_SCALE_BLOCK. */
+#define BN_SCALE_BLOCK 256
+bitnet_status bn_cpu_gemv_w2a8_block_scaled(const uint8_t *w_packed, const float *w_scales,
+                                            const float *block_scales, int64_t M, int64_t K,
+                                            const int8_t *x_q, const float *x_scales, int64_t N,
+                                            void *y, int32_t y_dtype);
+bitnet_status bn_cuda_gemv_w2a8_block_scaled(int32_t device, const uint8_t *w_packed,
+                                             const float *w_scales, const float *block_scales,
+                                             int64_t M, int64_t K, const int8_t *x_q,
+                                             const float *x_scales, int64_t N, void *y,
+                                             int32_t y_dtype, void *stream);
+
 bitnet_status bn_cuda_quantize_i2s(int32_t device, const void *w, int32_t w_dtype, int64_t M,
                                    int64_t K, const int64_t *row_segments, int64_t n_segments,
                                    uint8_t *w_packed, float *w_scales, void *stream);
