@@ -115,31 +115,33 @@ def i2s_to_ternary(raw, rows, cols, what):
 
 
 def tq_to_codes(raw, kind, rows, cols, what):
-    """llama.cpp TQ1_0 / TQ2_0 (256-weight blocks, one fp16 scale each) to int8 codes and one
-    scale per row: exact when every block of a row has the row's scale, refused otherwise."""
+    """llama.cpp TQ1_0 / TQ2_0 (256-weight blocks, one fp16 scale each) to (int8 codes, a scale
+    per row, block scales): where every block of a row has one scale, that is the row's scale and
+    block scales are None; else the rows' scales are 1 and the block scales are the file's (float32
+    [rows, cols / 256]). Exact either way (docs/models.md)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
     qtype = GGMLQuantizationType[kind]
     raw = raw.reshape(rows, -1)
     d = raw.reshape(rows, cols // 256, -1)[..., -2:].copy().view("<f2")[..., 0].astype(np.float32)
+    if not np.isfinite(d).all():
+        r = np.flatnonzero(~np.isfinite(d).all(axis=1))[0]
+        raise CorruptFileError(f"{what}: {kind} row {r} has a block scale that is not finite")
     # a block of scale 0 holds zeros whatever its codes: it agrees with any row scale
     nonzero = d != 0
     scales = d[np.arange(rows), nonzero.argmax(axis=1)]
-    bad = np.flatnonzero((nonzero & (d != scales[:, None])).any(axis=1))
-    if bad.size:
-        r = bad[0]
-        raise UnsupportedError(
-            f"{what}: {kind} row {r} has blocks with different scales ({d[r].min()} .. "
-            f"{d[r].max()}); only one scale per row is supported (docs/models.md)")
+    block_scales = d if (nonzero & (d != scales[:, None])).any() else None
+    if block_scales is not None:
+        scales = np.ones(rows, np.float32)
     codes = np.empty((rows, cols), np.int8)
 
     def convert(span, src):
         lo, hi = span
         values = dequantize(src[lo:hi], qtype)
-        s = scales[lo:hi, None]
+        s = scales[lo:hi, None] if block_scales is None else np.repeat(d[lo:hi], 256, axis=1)
         codes[lo:hi] = np.rint(np.divide(values, s, out=np.zeros_like(values), where=s != 0))
     _chunked(convert, rows, raw)
-    return codes, scales
+    return codes, scales, block_scales
 
 
 def float_to_codes(values, what):
@@ -244,16 +246,21 @@ class Source:
         """The fused projection `part` (its pieces stacked by rows) as TernaryWeights."""
         pieces = [self.piece(prefix + n, r, cols) for n, r in zip(self.ternary_names[part], rows)]
         if all(p[0] == "float" for p in pieces):
-            dense = np.concatenate([p[1] for p in pieces]) if len(pieces) > 1 else pieces[0][1]
+            dense = _stack([p[1] for p in pieces])
             if cols % GEMV_K_MULTIPLE:  # down of a padded model, on the host
                 return flat_ternary(self.put(dense, _arrays.CPU))
             return quantize_i2s(self.put(dense, device), row_segments=rows)
         if any(p[0] == "float" for p in pieces):
             raise UnsupportedError(f"{self.path}: {prefix}{part}: quantized and unquantized "
                                    "pieces cannot be fused")
-        packed = np.concatenate([p[1] for p in pieces]) if len(pieces) > 1 else pieces[0][1]
-        scales = np.concatenate([p[2] for p in pieces]) if len(pieces) > 1 else pieces[0][2]
-        return TernaryWeights(self.put(packed, device), self.put(scales, device))
+        packed, scales = _stack([p[1] for p in pieces]), _stack([p[2] for p in pieces])
+        if all(p[3] is None for p in pieces):
+            return TernaryWeights(self.put(packed, device), self.put(scales, device))
+        # a piece with one scale per row gets block scales of 1 beside one with block scales
+        block_scales = _stack([np.ones((len(p[2]), cols // 256), np.float32) if p[3] is None
+                               else p[3] for p in pieces])
+        return TernaryWeights(self.put(packed, device), self.put(scales, device),
+                              self.put(block_scales, device))
 
     def to_device(self, layer, device):
         """A Layer of host arrays copied to `device`."""
@@ -270,6 +277,11 @@ class Source:
             aligned = host.ctypes.data % 16 == 0
             return host if host.flags.writeable and aligned else host.copy()
         return _arrays.DeviceArray.from_numpy(host, device)
+
+
+def _stack(arrays):
+    """The arrays stacked by rows (one array as it is, not copied)."""
+    return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
 
 
 def _progress(total, enabled):
@@ -328,7 +340,7 @@ class HFSource(Source):
         if kind in FLOAT_KINDS:
             if shape != (rows, cols):
                 raise CorruptFileError(f"{what}: shape {list(shape)}, expected [{rows}, {cols}]")
-            return "float", self.values(weight)
+            return "float", self.values(weight), None, None
         if kind != "uint8":
             raise UnsupportedError(f"{what}: type {kind} is not supported (packed uint8, "
                                    f"{', '.join(FLOAT_KINDS)})")
@@ -343,7 +355,7 @@ class HFSource(Source):
         if not self.scale_is_absmean:
             scale = np.float32(1) / scale
         scales = np.broadcast_to(scale, (rows,)).astype(np.float32)
-        return "packed", hf_packed_to_ternary(self.values(weight), what), scales
+        return "packed", hf_packed_to_ternary(self.values(weight), what), scales, None
 
 
 class GGUFSource(Source):
@@ -395,18 +407,23 @@ class GGUFSource(Source):
         if kind in self.KINDS:
             codes, scale = float_to_codes(self.values(weight), what)
             packed = flat_ternary(codes, scale * extra).packed
-            return "packed", self.unpermute(name, packed), np.full(rows, scale * extra, np.float32)
+            return ("packed", self.unpermute(name, packed),
+                    np.full(rows, scale * extra, np.float32), None)
+        block_scales = None
         if kind == "I2_S":
             packed, scale = i2s_to_ternary(self.values(weight), rows, cols, what)
             scales = np.full(rows, scale * extra, np.float32)
         else:
-            codes, scales = tq_to_codes(self.values(weight), kind, rows, cols, what)
+            codes, scales, block_scales = tq_to_codes(self.values(weight), kind, rows, cols, what)
             try:
                 packed = pack_ternary(codes, scales).packed
             except BitNetError as exc:
                 raise CorruptFileError(f"{what}: {exc}") from None
             scales = scales * np.float32(extra)
-        return "packed", self.unpermute(name, packed), self.unpermute(name, scales)
+        if block_scales is not None:
+            block_scales = self.unpermute(name, block_scales)
+        return ("packed", self.unpermute(name, packed), self.unpermute(name, scales),
+                block_scales)
 
     def unpermute(self, name, rows):
         """Undoes llama.cpp's q/k row permutation (interleaved RoPE pairs back to halves)."""

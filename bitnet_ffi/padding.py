@@ -21,6 +21,7 @@ import dataclasses
 
 import numpy as np
 
+from .errors import UnsupportedError
 from .ternary import TernaryWeights, pack_ternary, quantize_i2s
 
 ATTENTION_HEAD_DIMS = (64, 128, 256)
@@ -71,12 +72,19 @@ def _rows(w, slots, rows):
     packed = np.full((rows, w.packed.shape[1]), ZERO_CODES, np.uint8)
     scales = np.zeros(rows, np.float32)
     packed[slots], scales[slots] = w.packed, w.scales
-    return TernaryWeights(packed, scales)
+    if w.block_scales is None:
+        return TernaryWeights(packed, scales)
+    block_scales = np.zeros((rows, w.block_scales.shape[1]), np.float32)
+    block_scales[slots] = w.block_scales
+    return TernaryWeights(packed, scales, block_scales)
 
 
 def _columns(w, slots, cols, factor):
     """w's columns at `slots` of a matrix of `cols` columns, zero weights elsewhere; the row
     scales times `factor`."""
+    if w.block_scales is not None:
+        raise UnsupportedError(f"a padded layout ({w.shape[1]} columns spread over {cols}) of "
+                               "weights with block scales (TQ1_0, TQ2_0) is not supported")
     scales = (w.scales * np.float32(factor)).astype(np.float32)
     if np.array_equal(slots, np.arange(w.shape[1])):  # appended columns: whole groups of 16
         extra = np.full((w.shape[0], (cols - w.shape[1]) // 4), ZERO_CODES, np.uint8)

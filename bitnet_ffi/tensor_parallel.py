@@ -55,7 +55,7 @@ from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsno
                    rmsnorm_quantize)
 from .padding import GEMV_K_MULTIPLE, padded_config
 from .sampling import sample, sampling_settings
-from .ternary import TernaryWeights, gemv_w2a8, quantize_a8
+from .ternary import SCALE_BLOCK, TernaryWeights, gemv_w2a8, quantize_a8
 
 BF16 = "bfloat16"
 TABLE_BLOCK_ROWS = 4096  # random_shard's embedding: this many random rows, repeated
@@ -198,8 +198,9 @@ class _Slicer:
 
     def rows(self, tw, ranges):
         index = _rows(ranges)
+        blocks = None if tw.block_scales is None else self.put(np.asarray(tw.block_scales)[index])
         return TernaryWeights(self.put(np.asarray(tw.packed)[index]),
-                              self.put(np.asarray(tw.scales)[index]))
+                              self.put(np.asarray(tw.scales)[index]), blocks)
 
     def norm(self, weight, start=0, width=None):
         """A norm's weight, or its slice [start, start + width); None (no such sub-norm) stays."""
@@ -209,7 +210,15 @@ class _Slicer:
 
     def cols(self, tw, start, width):
         packed = np.asarray(tw.packed)[:, start // 4:(start + width) // 4]
-        return TernaryWeights(self.put(packed), self.put(np.asarray(tw.scales)))
+        blocks = None
+        if tw.block_scales is not None:
+            if start % SCALE_BLOCK or width % SCALE_BLOCK:
+                raise UnsupportedError(f"columns {start}..{start + width} of a projection with "
+                                       f"block scales: a rank's share must be whole blocks of "
+                                       f"{SCALE_BLOCK} (another tensor-parallel size may fit)")
+            blocks = self.put(np.asarray(tw.block_scales)[:, start // SCALE_BLOCK:
+                                                          (start + width) // SCALE_BLOCK])
+        return TernaryWeights(self.put(packed), self.put(np.asarray(tw.scales)), blocks)
 
     def layer(self, layer):
         """The ShardLayer of one full layer (model.Layer of numpy arrays)."""

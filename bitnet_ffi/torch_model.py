@@ -15,7 +15,11 @@ def _bf16_tensor(array, device):
 def _dense(weights, device):
     codes = torch.as_tensor(weights.unpack(), device=device)
     scales = torch.as_tensor(weights.scales, device=device)
-    return (codes.float() * scales[:, None]).to(torch.bfloat16)
+    dense = codes.float() * scales[:, None]
+    if weights.block_scales is not None:
+        blocks = torch.as_tensor(weights.block_scales, device=device)
+        dense *= blocks.repeat_interleave(dense.shape[1] // blocks.shape[1], dim=1)
+    return dense.to(torch.bfloat16)
 
 
 class TorchModel:

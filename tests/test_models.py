@@ -389,13 +389,66 @@ def tq2_with_block_scale(tmp_path, scale):
 
 
 @pytest.mark.cpu
-def test_gguf_per_block_scales_are_refused(tmp_path):
-    """TQ2_0 rows whose 256-weight blocks have different scales cannot be held exactly with one
-    scale per row: refused, not rounded."""
+def test_gguf_per_block_scales_load_exactly(tmp_path):
+    """A TQ2_0 row whose 256-weight blocks have different scales loads with block scales: the
+    weights they stand for equal the gguf package's dequantization of the tensor, bit for bit;
+    the other tensors keep one scale per row."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
     f = tq2_with_block_scale(tmp_path, 0.1)
-    with pytest.raises(UnsupportedError, match=r"tensor blk\.1\.ffn_down\.weight: TQ2_0 row 0 has "
-                                               "blocks with different scales"):
-        load(f)
+    model = load(f)
+    tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
+    want = dequantize(tensor.data, tensor.tensor_type).reshape(model.weights.layers[1].down.shape)
+    down = model.weights.layers[1].down
+    assert down.block_scales is not None
+    got = down.unpack() * down.scales[:, None] * np.repeat(down.block_scales, 256, axis=1)
+    np.testing.assert_array_equal(got, want)
+    assert want[0, 256:512].any() and np.abs(want[0, 256:512]).max() == np.float32(np.float16(0.1))
+    assert all(getattr(layer, part).block_scales is None for layer in model.weights.layers
+               for part in ("qkv", "o", "gate_up")) and model.weights.layers[0].down.block_scales is None
+    session = model.session(1, 32)
+    session.prefill([reference("bitnet-packed")["prompt0"]])
+    assert np.isfinite(session.logits).all()
+
+
+def tq2_with_zero_first_blocks(tmp_path, name, scale):
+    """bitnet-packed's TQ2_0 file with the first 256-weight block of every ternary tensor's first
+    row made zero: its codes 0 (with `scale`), or its scale 0."""
+    f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
+    f = f.rename(f.with_name(name))
+    from gguf import GGMLQuantizationType, GGUFReader
+    data = bytearray(f.read_bytes())
+    for t in GGUFReader(str(f)).tensors:
+        if t.tensor_type == GGMLQuantizationType.TQ2_0:
+            if scale:
+                data[t.data_offset:t.data_offset + 64] = b"\x55" * 64  # code 1: weight 0
+            data[t.data_offset + 64:t.data_offset + 66] = np.float16(scale).tobytes()
+    f.write_bytes(bytes(data))
+    return f
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gguf_block_scaled_path_matches_the_row_scaled_one(tmp_path, device):
+    """The same weights through the block-scaled GEMV (a block of zero codes with scale 0.5 in
+    every ternary tensor; down's rows, of 2 blocks, then have blocks of different scales) and
+    through the plain one (those blocks of scale 0): logits within float32 summation noise, greedy
+    tokens identical."""
+    blocked = Model.load(tq2_with_zero_first_blocks(tmp_path, "blocked.gguf", 0.5), device=device,
+                         progress=False)
+    plain = Model.load(tq2_with_zero_first_blocks(tmp_path, "plain.gguf", 0), device=device,
+                       progress=False)
+    for model, with_blocks in ((blocked, True), (plain, False)):
+        for layer in model.weights.layers:
+            assert (layer.down.block_scales is not None) == with_blocks
+            assert all(getattr(layer, part).block_scales is None for part in ("qkv", "o", "gate_up"))
+    prompt = reference("bitnet-packed")["prompt0"]
+    sessions = [model.session(1, 64) for model in (blocked, plain)]
+    tokens = [s.prefill([prompt]) for s in sessions]
+    for step in range(8):
+        a, b = (s.download(s.logits).astype(np.float64) for s in sessions)
+        assert relative(a, b) < 1e-3, f"step {step}: {relative(a, b)}"
+        np.testing.assert_array_equal(tokens[0], tokens[1])
+        tokens = [s.decode(tokens[1]) for s in sessions]
 
 
 @pytest.mark.cpu

@@ -6,6 +6,9 @@ rotate through copies of the weights totalling >= 512 MiB (> 4x the 50 MiB L2), 
 its weights in L2. Read bandwidth is measured in the same run (torch.sum over 2 GiB, graph-timed).
 Bytes counted for the GEMV: M*K/4 packed weights + N*K int8 x + 4*N*M output.
   python tools/bench_gemv.py [--json PATH]
+Block-scaled weights (--block-scaled, llama.cpp's TQ files whose blocks differ): that GEMV beside
+the plain one at the 2B4T shapes, 1, 8 and 960 tokens (bytes also count the block scales).
+  python tools/bench_gemv.py --block-scaled [--json PATH]
 CPU (--cpu): GB/s of the packed-weight stream against a numpy memcpy of 1 GiB, and the time of the
 numpy reference of the tests at the same shape.
   python tools/bench_gemv.py --cpu [--json PATH]
@@ -31,19 +34,20 @@ def random_packed(torch, M, K, copies):
     return [one() for _ in range(copies)]
 
 
-def bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=True):
+def bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=True, block_scaled=False):
     copies = max(1, math.ceil(ROTATE_BYTES / (M * K // 4)))
-    weights = [bn.TernaryWeights(p, torch.rand(M, device="cuda") + 0.5)
+    blocks = (lambda: torch.rand(M, K // 256, device="cuda") + 0.5) if block_scaled else lambda: None
+    weights = [bn.TernaryWeights(p, torch.rand(M, device="cuda") + 0.5, blocks())
                for p in random_packed(torch, M, K, copies)]
     x_q = torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda")
     x_s = torch.rand(N, device="cuda") + 1.0
     y = torch.empty((N, M), dtype=torch.float32, device="cuda")
     calls = max(copies, 20)
     us = graph_time_us(lambda i: bn.gemv_w2a8(weights[i], x_q, x_s, out=y), copies, calls)
-    nbytes = M * K // 4 + N * K + 4 * N * M
+    nbytes = M * K // 4 + N * K + 4 * N * M + (M * K // 256 * 4 if block_scaled else 0)
     gbps = nbytes / us / 1e3
     del weights
-    row = {"op": "gemv_w2a8", "M": M, "K": K, "N": N, "us": us, "GBps": gbps,
+    row = {"op": "gemv_w2a8 block-scaled" if block_scaled else "gemv_w2a8", "M": M, "K": K, "N": N, "us": us, "GBps": gbps,
            "pct_read_bw": 100 * gbps / read_gbps}
     if (M, K) in ANCHORS and N == 1:
         row["microsoft_cold_us"] = ANCHORS[(M, K)][0]
@@ -150,6 +154,22 @@ def run_gpu(quick, gemv_only):
             "rows": rows}
 
 
+def run_block_scaled():
+    import torch
+    read_gbps = read_bandwidth_gbps()
+    print(f"read bandwidth (torch.sum over 2 GiB): {read_gbps:.0f} GB/s", flush=True)
+    rows = []
+    for M, K in PROJECTIONS_2B4T:
+        for N in (1, 8, 960):
+            for block_scaled in (False, True):
+                rows.append(bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=False,
+                                             block_scaled=block_scaled))
+            rows[-1]["x_plain"] = rows[-1]["us"] / rows[-2]["us"]
+            print(rows[-2], rows[-1], sep="\n", flush=True)
+    return {"tool": "gemv", "device": torch.cuda.get_device_name(), "read_bandwidth_GBps": read_gbps,
+            "rows": rows}
+
+
 def run_cpu():
     rng = np.random.default_rng(0)
     copy_gbps, read_gbps = memory_bandwidths()
@@ -190,9 +210,12 @@ def main():
     parser.add_argument("--quick", action="store_true", help="GPU: two shapes only")
     parser.add_argument("--gemv-only", action="store_true",
                         help="GPU: the GEMV rows only (no torch anchors, no quantizers)")
+    parser.add_argument("--block-scaled", action="store_true",
+                        help="GPU: the block-scaled GEMV beside the plain one (2B4T shapes)")
     parser.add_argument("--json", help="write the results to this path")
     args = parser.parse_args()
-    result = run_cpu() if args.cpu else run_gpu(args.quick, args.gemv_only)
+    result = (run_cpu() if args.cpu else run_block_scaled() if args.block_scaled
+              else run_gpu(args.quick, args.gemv_only))
     emit(result, args.json)
 
 
