@@ -106,7 +106,7 @@ def test_block_scaled_weights_in_python(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,K", [(1, 256), (7, 768), (2560, 2560), (3840, 2560), (2560, 6912),
                                  (333, 27648), (4099, 8448)])
-@pytest.mark.parametrize("N", [1, 3, 8, 17])
+@pytest.mark.parametrize("N", [1, 3, 8, 17, 40])
 def test_block_scaled_gpu_matches_reference(rng, M, K, N):
     torch = pytest.importorskip("torch")
     w_q, w_scales, block_scales, x_q, x_scales = block_problem(rng, M, K, N)

@@ -7,7 +7,7 @@ its weights in L2. Read bandwidth is measured in the same run (torch.sum over 2 
 Bytes counted for the GEMV: M*K/4 packed weights + N*K int8 x + 4*N*M output.
   python tools/bench_gemv.py [--json PATH]
 Block-scaled weights (--block-scaled, llama.cpp's TQ files whose blocks differ): that GEMV beside
-the plain one at the 2B4T shapes, 1, 8 and 960 tokens (bytes also count the block scales).
+the plain one at the 2B4T shapes, 1, 8, 16 and 960 tokens (bytes also count the block scales).
   python tools/bench_gemv.py --block-scaled [--json PATH]
 CPU (--cpu): GB/s of the packed-weight stream against a numpy memcpy of 1 GiB, and the time of the
 numpy reference of the tests at the same shape.
@@ -160,7 +160,7 @@ def run_block_scaled():
     print(f"read bandwidth (torch.sum over 2 GiB): {read_gbps:.0f} GB/s", flush=True)
     rows = []
     for M, K in PROJECTIONS_2B4T:
-        for N in (1, 8, 960):
+        for N in (1, 8, 16, 960):
             for block_scaled in (False, True):
                 rows.append(bench_gemv_shape(torch, M, K, N, read_gbps, with_torch=False,
                                              block_scaled=block_scaled))
