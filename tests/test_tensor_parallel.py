@@ -866,3 +866,27 @@ def test_a_rank_failing_mid_run_stops_every_rank(method):
     assert "rank 1 failed: RuntimeError: rank 1 fails at step 3" in message
     assert "rank 0 stopped: rank 1 failed" in message
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.cpu
+def test_block_scaled_checkpoint_splits_on_simulated_ranks(tmp_path):
+    """A TQ2_0 file whose down projections carry block scales (tests/test_models.py) over 2
+    simulated ranks: down's columns go in whole blocks with their scales; the ranks agree bit for
+    bit and stay within LOGIT_BOUND of one rank; the exact layout gives one rank's logits bit for
+    bit. A split inside a block is refused."""
+    from bitnet_ffi.generate import Model
+    from test_models import tq2_with_zero_first_blocks
+    path = str(tq2_with_zero_first_blocks(tmp_path, "blocked.gguf", 0.5))
+    whole = Model.load(path, device="cpu", progress=False)
+    down = tp.load_shard(path, 1, 2, CPU).layers[0].down
+    assert down.shape == (256, 256)
+    np.testing.assert_array_equal(down.block_scales, whole.weights.layers[0].down.block_scales[:, 1:])
+    prompt = [int(i) for i in np.load(os.path.join(FIXTURES, "bitnet-packed", "reference.npz"))["prompt0"]]
+    reference = comm.run_threads(_checkpoint_run, 1, path, prompt)[0]
+    two = comm.run_threads(_checkpoint_run, 2, path, prompt)
+    np.testing.assert_array_equal(two[0], two[1])
+    compare_with_one_rank(two[0], reference)
+    for logits in comm.run_threads(_checkpoint_run, 2, path, prompt, True):  # exact layout
+        np.testing.assert_array_equal(logits, reference)
+    with pytest.raises(UnsupportedError, match="whole blocks of 256"):
+        tp._Slicer(whole.config, 0, 2, CPU).cols(whole.weights.layers[0].down, 128, 256)
