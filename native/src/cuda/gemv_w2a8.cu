@@ -46,6 +46,10 @@ constexpr int kRowsPerBlock = 16;
 constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
 constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
 constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
+/* 16 tokens: from this K on, blocks of 2 row tiles (plan_tokens). H100: 2560x6912 7.1 -> 6.4 us,
+ * 5120x27648 42 -> 36; at K <= 5120 no faster, or up to 4% slower
+ * (docs/log/2026-11-27.md#2026-11-27-30). */
+constexpr int64_t kLongRowsK16 = 6912;
 
 /* From this many tokens on, sm_80+ GPUs take the tensor-core GEMM (gemm_w2a8.cu) instead of the
  * launches of 16 tokens that read the weights again each. Measured crossover on an H100:
@@ -506,6 +510,10 @@ bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, Tokens
     }
     if (nt == 8) return plan_mma8(gpu, M, K, out);
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+    if (K >= kLongRowsK16) { /* blocks of 2 tiles sharing each x fragment, one block per SM */
+        out->work_blocks = (out->work_blocks + 1) / 2;
+        return plan_mma<2, 8, 2, 1>(gpu, 1, &out->launch);
+    }
     return plan_mma<2, 8>(gpu, kMmaBlocksPerSm, &out->launch);
 }
 
