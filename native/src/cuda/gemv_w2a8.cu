@@ -9,7 +9,7 @@
  *   docs/log/2026-11-22.md#2026-11-22-11).
  * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K (5
  *   or 6 warps where that takes as many steps and lets more blocks run at once, and 32 rows where
- *   that then takes one round: plan_mma8);
+ *   that then takes one round: plan_mma8; 32 rows for 16 tokens from K = 6912: plan_tokens);
  *   lane (g, t) loads 16 bytes of rows g and g+8 at chunk 4s+t, which feed 8 mma steps; the mma's
  *   k order is a permutation of K, applied to x alike. x is read straight from global memory into
  *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The warps'
