@@ -8,8 +8,9 @@
  *   chunks l, l + 32, ... of it, so 4 lanes share a block: their dots meet by two shuffles, and
  *   the first of them adds the scaled dot.
  * - From 2 tokens on, int8 tensor cores (mma.m16n8k32, signed): a warp owns 16 rows x 16 tokens
- *   and turns its int32 tiles into float32 after every block. With one tile of tokens the 4 warps
- *   of a block split the blocks of 16 rows; with more, each warp takes its own 16 rows.
+ *   and turns its int32 tiles into float32 after every block. Up to 16 tokens, the 4 warps of a
+ *   block share 16 rows and take every fourth block of K each; with more, each warp takes its own
+ *   16 rows and all of K.
  * H100, 2B4T shapes, against the plain GEMV: 1.8-2.6x at one token, 1.6-5.2x at 8 and 16, 5.6-8.8x
  * at 960 (docs/log/2026-11-27.md#2026-11-27-29). It serves the rare checkpoints whose blocks carry
  * different scales. */
@@ -20,10 +21,11 @@
 
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kBlockChunks = BN_SCALE_BLOCK / 64; /* 16-byte chunks (64 weights) per block */
 
-constexpr int kStepsPerLoad = 4; /* chunks a lane of the dp4a kernel loads at once */
+/* dp4a kernel */
+constexpr int kThreads = 256;
+constexpr int kStepsPerLoad = 4; /* chunks a lane loads at once */
 
 /* mma kernel */
 constexpr int kMmaWarps = 4;
