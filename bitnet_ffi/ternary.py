@@ -159,7 +159,7 @@ def quantize_i2s(w, row_segments=None, stream=None):
     return TernaryWeights(packed, scales)
 
 
-def pack_ternary(w_q, scales, block_scales=None, stream=None):
+def pack_ternary(w_q, scales, stream=None, *, block_scales=None):
     """Packs ternary values that are already quantized.
 
     Parameters
@@ -167,6 +167,7 @@ def pack_ternary(w_q, scales, block_scales=None, stream=None):
     w_q : int8 array [M, K] with values in {-1, 0, 1}, K a multiple of 128 (any other value
         raises InvalidArgumentError; on a GPU the check waits for the stream)
     scales : a scalar, or float32 [M] per-row scales on w_q's device
+    stream : optional CUDA stream (default: the framework's current stream)
     block_scales : optional float32 [M, K/256] on w_q's device, a scale per 256-weight block on
         top of the row's (see TernaryWeights)
 

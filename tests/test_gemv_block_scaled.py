@@ -71,7 +71,7 @@ def run(tw, x_q, x_scales, out_dtype, like):
                                    (37, 6912, 5), (5, 27648, 2)])
 def test_block_scaled_cpu_matches_reference(rng, isa, M, K, N):
     w_q, w_scales, block_scales, x_q, x_scales = block_problem(rng, M, K, N)
-    tw = bn.pack_ternary(w_q, w_scales, block_scales)
+    tw = bn.pack_ternary(w_q, w_scales, block_scales=block_scales)
     y64, s = ref_block_gemv(w_q, w_scales, block_scales, x_q, x_scales)
     for out_dtype in ("float32", "float16", "bfloat16"):
         y = run(tw, x_q, x_scales, out_dtype, None)
@@ -85,7 +85,7 @@ def test_block_scaled_with_equal_scales_is_the_plain_gemv(rng):
     w_q, w_scales, _, x_q, x_scales = block_problem(rng, 40, 1024, 4)
     plain = bn.gemv_w2a8(bn.pack_ternary(w_q, w_scales), x_q, x_scales)
     ones = np.ones((40, 1024 // BLOCK), np.float32)
-    blocked = bn.gemv_w2a8(bn.pack_ternary(w_q, w_scales, ones), x_q, x_scales)
+    blocked = bn.gemv_w2a8(bn.pack_ternary(w_q, w_scales, block_scales=ones), x_q, x_scales)
     np.testing.assert_array_equal(blocked, plain)
 
 
@@ -93,7 +93,7 @@ def test_block_scaled_with_equal_scales_is_the_plain_gemv(rng):
 def test_block_scaled_weights_in_python(rng):
     w_q = rng.integers(-1, 2, (3, 512), dtype=np.int8)
     block_scales = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
-    tw = bn.pack_ternary(w_q, 0.5, block_scales)
+    tw = bn.pack_ternary(w_q, 0.5, block_scales=block_scales)
     assert "block_scales" in repr(tw) and tw.to("cpu") is tw
     dense = tw.unpack() * tw.scales[:, None] * np.repeat(tw.block_scales, BLOCK, axis=1)
     np.testing.assert_array_equal(dense, w_q * 0.5 * np.repeat(block_scales, BLOCK, axis=1))
@@ -101,9 +101,9 @@ def test_block_scaled_weights_in_python(rng):
     with pytest.raises(InvalidArgumentError, match="int32"):
         bn.gemv_w2a8(tw, x_q, s, out_dtype="int32")
     with pytest.raises(InvalidArgumentError, match="multiple of the scale block"):
-        bn.pack_ternary(w_q[:, :384].copy(), 1.0, np.ones((3, 1), np.float32))
+        bn.pack_ternary(w_q[:, :384].copy(), 1.0, block_scales=np.ones((3, 1), np.float32))
     with pytest.raises(InvalidArgumentError, match="block_scales"):
-        bn.pack_ternary(w_q, 1.0, np.ones((3, 3), np.float32))
+        bn.pack_ternary(w_q, 1.0, block_scales=np.ones((3, 3), np.float32))
     with pytest.raises(InvalidArgumentError, match="block_scales"):
         bn.TernaryWeights(tw.packed, tw.scales, np.ones((3, 2), np.float64))
 
@@ -118,7 +118,7 @@ def test_block_scaled_weights_in_python(rng):
 def test_block_scaled_gpu_matches_reference(rng, M, K, N):
     torch = pytest.importorskip("torch")
     w_q, w_scales, block_scales, x_q, x_scales = block_problem(rng, M, K, N)
-    tw_cpu = bn.pack_ternary(w_q, w_scales, block_scales)
+    tw_cpu = bn.pack_ternary(w_q, w_scales, block_scales=block_scales)
     tw = tw_cpu.to("cuda")
     y64, s = ref_block_gemv(w_q, w_scales, block_scales, x_q, x_scales)
     x_gpu, xs_gpu = torch.from_numpy(x_q).cuda(), torch.from_numpy(x_scales).cuda()
@@ -132,7 +132,7 @@ def test_block_scaled_gpu_matches_reference(rng, M, K, N):
 def test_block_scaled_gpu_in_a_graph_on_the_torch_stream(rng):
     torch = pytest.importorskip("torch")
     w_q, w_scales, block_scales, x_q, x_scales = block_problem(rng, 2560, 6912, 1)
-    tw = bn.pack_ternary(w_q, w_scales, block_scales).to("cuda")
+    tw = bn.pack_ternary(w_q, w_scales, block_scales=block_scales).to("cuda")
     y64, s = ref_block_gemv(w_q, w_scales, block_scales, x_q, x_scales)
     x_in = torch.zeros((1, 6912), dtype=torch.int8, device="cuda")
     xs_gpu = torch.from_numpy(x_scales).cuda()
