@@ -375,27 +375,31 @@ def test_gguf_unknown_architecture_and_type_are_refused(tmp_path):
         load(f)
 
 
-def tq2_with_block_scale(tmp_path, scale):
-    """bitnet-packed's TQ2_0 file with the fp16 scale of blk.1.ffn_down's row 0, second block,
-    set to `scale`."""
-    f = copy_fixture(tmp_path, "bitnet-packed-tq2_0.gguf")
+TQ_BLOCK_BYTES = {"tq2_0": 66, "tq1_0": 54}  # 256 weights, then the fp16 scale in the last 2 bytes
+
+
+def tq_with_block_scale(tmp_path, scale, kind="tq2_0"):
+    """bitnet-packed's TQ2_0 (or TQ1_0) file with the fp16 scale of blk.1.ffn_down's row 0, second
+    block, set to `scale`."""
+    f = copy_fixture(tmp_path, f"bitnet-packed-{kind}.gguf")
     from gguf import GGUFReader
     tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
     data = bytearray(f.read_bytes())
-    d_at = tensor.data_offset + 66 + 64
+    d_at = tensor.data_offset + 2 * TQ_BLOCK_BYTES[kind] - 2
     data[d_at:d_at + 2] = np.float16(scale).tobytes()
     f.write_bytes(bytes(data))
     return f
 
 
 @pytest.mark.cpu
-def test_gguf_per_block_scales_load_exactly(tmp_path):
-    """A TQ2_0 row whose 256-weight blocks have different scales loads with block scales: the
-    weights they stand for equal the gguf package's dequantization of the tensor, bit for bit;
-    the other tensors keep one scale per row."""
+@pytest.mark.parametrize("kind", TQ_BLOCK_BYTES)
+def test_gguf_per_block_scales_load_exactly(tmp_path, kind):
+    """A TQ2_0 or TQ1_0 row whose 256-weight blocks have different scales loads with block
+    scales: the weights they stand for equal the gguf package's dequantization of the tensor, bit
+    for bit; the other tensors keep one scale per row."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
-    f = tq2_with_block_scale(tmp_path, 0.1)
+    f = tq_with_block_scale(tmp_path, 0.1, kind)
     model = load(f)
     tensor = next(t for t in GGUFReader(str(f)).tensors if t.name == "blk.1.ffn_down.weight")
     want = dequantize(tensor.data, tensor.tensor_type).reshape(model.weights.layers[1].down.shape)
@@ -455,7 +459,7 @@ def test_gguf_block_scaled_path_matches_the_row_scaled_one(tmp_path, device):
 def test_gguf_block_of_scale_zero_is_zeros(tmp_path):
     """llama.cpp writes scale 0 for a 256-weight block that is all zeros: such a block agrees with
     the row's scale, and loads as zero weights."""
-    f = tq2_with_block_scale(tmp_path, 0)
+    f = tq_with_block_scale(tmp_path, 0)
     want = load(fixture("bitnet-packed-tq2_0.gguf")).weights.layers[1].down
     got = load(f).weights.layers[1].down
     np.testing.assert_array_equal(got.scales, want.scales)
