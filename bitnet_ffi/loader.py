@@ -23,7 +23,7 @@ from .gguf_file import GGUFFile, require
 from .model import Layer, Weights
 from .padding import GEMV_K_MULTIPLE, flat_ternary, pad_layer, padded_config
 from .safetensors_file import SafetensorsCheckpoint
-from .ternary import TernaryWeights, pack_ternary, quantize_i2s
+from .ternary import SCALE_BLOCK, TernaryWeights, pack_ternary, quantize_i2s
 from . import weight_names as names
 
 BF16 = _arrays.numpy_dtype("bfloat16")
@@ -254,13 +254,12 @@ class Source:
             raise UnsupportedError(f"{self.path}: {prefix}{part}: quantized and unquantized "
                                    "pieces cannot be fused")
         packed, scales = _stack([p[1] for p in pieces]), _stack([p[2] for p in pieces])
-        if all(p[3] is None for p in pieces):
-            return TernaryWeights(self.put(packed, device), self.put(scales, device))
-        # a piece with one scale per row gets block scales of 1 beside one with block scales
-        block_scales = _stack([np.ones((len(p[2]), cols // 256), np.float32) if p[3] is None
-                               else p[3] for p in pieces])
-        return TernaryWeights(self.put(packed, device), self.put(scales, device),
-                              self.put(block_scales, device))
+        block_scales = None
+        if any(p[3] is not None for p in pieces):
+            # a piece with one scale per row gets block scales of 1 beside one with block scales
+            block_scales = self.put(_stack([np.ones((len(p[2]), cols // SCALE_BLOCK), np.float32)
+                                            if p[3] is None else p[3] for p in pieces]), device)
+        return TernaryWeights(self.put(packed, device), self.put(scales, device), block_scales)
 
     def to_device(self, layer, device):
         """A Layer of host arrays copied to `device`."""

@@ -261,15 +261,11 @@ def gemv_w2a8(w, x_q, s, out_dtype="float32", out=None, stream=None):
     sa = arrays["s"]
     _arrays.check(sa, "s", "float32", sa.shape if not lead and sa.size == 1 else (N,))
     out, ya = _arrays.output(arrays, "out", out, xa, (*lead, M), out_dtype)
-    if blocked:
-        _ffi.call("gemv_w2a8_block_scaled", device, arrays["w.packed"].cptr("uint8_t *"),
-                  arrays["w.scales"].cptr("float *"), arrays["w.block_scales"].cptr("float *"),
-                  M, K, xa.cptr("int8_t *"), sa.cptr("float *"), N, ya.cptr(),
-                  DTYPE_CODES[out_dtype], handle)
-    else:
-        _ffi.call("gemv_w2a8", device, arrays["w.packed"].cptr("uint8_t *"),
-                  arrays["w.scales"].cptr("float *"), M, K, xa.cptr("int8_t *"),
-                  sa.cptr("float *"), N, ya.cptr(), DTYPE_CODES[out_dtype], handle)
+    op, block_scales = (("gemv_w2a8_block_scaled", [arrays["w.block_scales"].cptr("float *")])
+                        if blocked else ("gemv_w2a8", []))
+    _ffi.call(op, device, arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"),
+              *block_scales, M, K, xa.cptr("int8_t *"), sa.cptr("float *"), N, ya.cptr(),
+              DTYPE_CODES[out_dtype], handle)
     return out
 
 
