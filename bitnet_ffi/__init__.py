@@ -4,6 +4,7 @@ from . import _arrays, _ffi
 from ._arrays import DeviceArray
 from .attention import attention, attention_workspace_size
 from .cuda_graph import Event, Graph, Stream
+from .decode_layer import decode_layer, decode_layer_workspace_size
 from .device import detect, resolve, select
 from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CorruptFileError,
                      CudaError, InternalError, InvalidArgumentError, LibraryNotFoundError,
@@ -26,7 +27,7 @@ __all__ = [
     "device_synchronize", "BitNetError", "InvalidArgumentError", "ArgumentTypeError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",
     "LibraryNotFoundError", "ConfigurationError", "CorruptFileError",
-    "rmsnorm_partial", "glu_rmsnorm_partial",
+    "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer", "decode_layer_workspace_size",
 ]
 
 __version__ = "0.1.0"

@@ -20,10 +20,12 @@ from . import _arrays, _ffi
 from .attention import attention, attention_workspace_size
 from .config import Config
 from .cuda_graph import Graph, Stream
+from .decode_layer import decode_layer, decode_layer_workspace_size, fused_layer_supported
 from .errors import InvalidArgumentError
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import rope_append_kv
-from .norm import add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm_quantize
+from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
+                   rmsnorm_quantize)
 from .sampling import sample, sampling_settings
 from .ternary import gemv_w2a8, quantize_a8, quantize_i2s
 
@@ -94,12 +96,17 @@ class Session:
     ``prefill(prompt)`` runs a [batch, P] prompt and returns the first tokens; ``decode()`` then
     produces one token per sequence per call, ``extend(ids)`` appends a block of tokens (a chat
     turn), ``logits`` is the float32 [batch, V] of the last step. ``only`` (a set of op kinds) makes a step issue
-    just those ops, for the per-op time breakdown."""
+    just those ops, for the per-op time breakdown.
+
+    fused: a one-sequence decode step runs each layer as one ``decode_layer`` op (the same values
+    up to float32 sum orders) instead of the op sequence. Off by default: on the GPU that kernel
+    is still slower than the op sequence (docs/decode_layer.md); tools/bench_decode.py compares
+    the two."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
-             "output head", "argmax", "bookkeeping")
+             "decode layer (fused)", "output head", "argmax", "bookkeeping")
 
-    def __init__(self, weights, batch, capacity, device):
+    def __init__(self, weights, batch, capacity, device, fused=False):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
         self.device = device
         self.stream = Stream(device) if device != _arrays.CPU else None
@@ -111,6 +118,10 @@ class Session:
         self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.positions = self.alloc((batch,), "int32")
         self.seq_lens = self.alloc((batch,), "int32")
+        if fused and not (batch == 1 and fused_layer_supported(weights, device)):
+            raise InvalidArgumentError("Session: fused decode layers need batch 1 and weights "
+                                       "that decode_layer supports (fused_layer_supported)")
+        self.fused = fused
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
@@ -161,6 +172,9 @@ class Session:
         ws = attention_workspace_size(self.device, self.batch, steps, c.heads, c.kv_heads,
                                       c.head_dim, self.capacity)
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
+        if steps == 1 and self.fused:
+            b["layer_workspace"] = self.alloc(
+                (decode_layer_workspace_size(c, self.device, BF16),), "uint8")
         if steps > 1:  # rows of each sequence's last token, to gather for the output head
             b["last_rows"] = self.alloc((self.batch,), "int32")
             self.upload(np.arange(1, self.batch + 1, dtype=np.int32) * steps - 1, b["last_rows"])
@@ -207,13 +221,11 @@ class Session:
     def project(self, weights, x_q, x_s, out):
         self.op("gemv_w2a8", gemv_w2a8, weights, x_q, x_s, out_dtype=BF16, out=out)
 
-    def forward(self, b, steps, progress=None):
-        """One pass of every layer over `steps` tokens per sequence whose ids are in b["ids"];
-        writes the greedy next token of each sequence to b["next"]. progress(done, total) is called
-        after each layer's ops are issued."""
+    def layers(self, b, steps, progress=None):
+        """Every layer as a sequence of ops over `steps` tokens per sequence, from b["h"]; leaves
+        the last layer's down projection in b["proj"], still to be added to b["h"]."""
         c, w = self.config, self.w
         N = self.batch * steps
-        self.op("embedding", embedding, w.embedding, b["ids"], out=b["h"])
         residual = None
         for index, layer in enumerate(w.layers):
             # attention block: h += o_proj(sub_norm(attention(rope(qkv(norm(h))))))
@@ -239,8 +251,25 @@ class Session:
             residual = b["h"]
             if progress:
                 progress(index + 1, len(w.layers))
-        self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
-                out=b["y"])
+
+    def forward(self, b, steps, progress=None):
+        """One pass of every layer over `steps` tokens per sequence whose ids are in b["ids"];
+        writes the greedy next token of each sequence to b["next"]. progress(done, total) is called
+        after each layer's ops are issued."""
+        c, w = self.config, self.w
+        self.op("embedding", embedding, w.embedding, b["ids"], out=b["h"])
+        if steps == 1 and self.fused:
+            for index, layer in enumerate(w.layers):
+                self.op("decode layer (fused)", decode_layer, c, layer, b["h"],
+                        self.k_cache[index], self.v_cache[index], self.positions,
+                        workspace=b["layer_workspace"])
+                if progress:
+                    progress(index + 1, len(w.layers))
+            self.op("rmsnorm (+int8)", rmsnorm, b["h"], w.final_norm, eps=c.eps, out=b["y"])
+        else:
+            self.layers(b, steps, progress)
+            self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
+                    out=b["y"])
         last = b["y"]
         if steps > 1:  # only each sequence's last token goes through the output head
             self.op("output head", embedding, b["y"], b["last_rows"], out=b["last"])

@@ -376,11 +376,39 @@ class Out:
 
 
 @dataclass
+class Struct:
+    """A struct argument: passed by pointer when ctype is given (a struct pointer type), else a
+    struct member of its parent, by value. Its fields hold values as a Call's args do (arrays,
+    numbers, Structs); a mutation names a field by its path, "config.H", "weights.qkv.w_packed"."""
+    ctype: object
+    fields: dict
+
+
+@dataclass
 class Call:
     """One valid call: the C arguments by name in order, and which of them are written."""
     entry: str
     args: dict
     outputs: tuple
+
+
+def lookup(args, path):
+    """The value at a dotted path of a Call's args ("h", "weights.qkv.w_packed")."""
+    head, _, rest = path.partition(".")
+    value = args[head]
+    return lookup(value.fields, rest) if rest else value
+
+
+def with_changes(args, changes):
+    """A copy of a Call's args with each change (by dotted path) applied; Structs on a changed path
+    are copied, so the valid call's own stay as they were."""
+    args = dict(args)
+    for path, value in changes.items():
+        head, _, rest = path.partition(".")
+        if rest and isinstance(args.get(head), Struct):
+            value = Struct(args[head].ctype, with_changes(args[head].fields, {rest: value}))
+        args[head] = value
+    return args
 
 
 def float_dtype(mem):
@@ -503,24 +531,65 @@ def valid_call(entry, mem, rng):
     if entry == "add_int32":
         return Call(entry, dict(device=d, x=put(np.arange(5, dtype=np.int32)), n=5, delta=3,
                                 stream=NULL), ("x",))
+    if entry in ("decode_layer", "decode_layer_workspace_size"):
+        return decode_layer_call(entry, mem, rng, code, fd)
     raise KeyError(entry)
 
 
+def decode_layer_call(entry, mem, rng, code, fd):
+    """The valid call of bitnet_decode_layer (or its workspace size): H = I = Hq D = 128, SiLU, a
+    4-row cache at position 0 (only the row the call writes is read)."""
+    config = Struct("bitnet_decode_layer_config *", dict(
+        H=128, I=128, Hq=2, Hkv=1, D=64, activation=1, eps=1e-5, attn_sub_eps=1e-5,
+        ffn_sub_eps=1e-5, theta=10000.0, attention_scale=0.0))
+    if entry == "decode_layer_workspace_size":
+        return Call(entry, dict(device=mem.device, dtype=code, config=config,
+                                bytes=Out("int64_t *")), ("bytes",))
+    _ffi.lib()  # declares the struct types
+    nbytes, sizes = ffi.new("int64_t *"), []
+    for device in {mem.device, -1}:  # room for both: the device=-1 mutation must fail elsewhere
+        _ffi.call("decode_layer_workspace_size", device, code, ffi.new(config.ctype, config.fields),
+                  nbytes)
+        sizes.append(nbytes[0])
+    put = mem.put
+
+    def ternary(rows, cols):
+        return Struct(None, dict(w_packed=put(rng.integers(0, 255, rows * cols // 4, dtype=np.uint8)),
+                                 w_scales=put(np.full(rows, 0.05, np.float32))))
+
+    weights = Struct("bitnet_decode_layer_weights *", dict(
+        qkv=ternary(256, 128), o=ternary(128, 128), gate_up=ternary(256, 128),
+        down=ternary(128, 128), **{name: put(values(rng, (128,), fd)) for name in (
+            "attn_norm", "attn_sub_norm", "ffn_norm", "ffn_sub_norm")}))
+    cache = (4, 1, 64)
+    return Call(entry, dict(device=mem.device, dtype=code, config=config, weights=weights,
+                            h=put(values(rng, (128,), fd)), k_cache=put(poison(cache, fd)),
+                            v_cache=put(poison(cache, fd)), C=4,
+                            position=put(np.array([0], np.int32)),
+                            workspace=put(poison((max(sizes),), "uint8")),
+                            workspace_bytes=max(sizes), stream=NULL),
+                ("h", "k_cache", "v_cache", "workspace"))
+
+
 def c_value(mem, call, name, value):
-    """The cffi argument for `value` of argument `name` of `call`."""
+    """The cffi argument for `value` of argument `name` of `call` (a dotted path for a field of a
+    Struct)."""
+    if isinstance(value, Struct):
+        fields = {field: c_value(mem, call, f"{name}.{field}", v) for field, v in value.fields.items()}
+        return fields if value.ctype is None else ffi.new(value.ctype, fields)
     if isinstance(value, str):
         if value == NULL:
             return ffi.NULL
         if value == MISALIGNED:
-            return ffi.cast("void *", mem.ptr(call.args[name]) + 1)
+            return ffi.cast("void *", mem.ptr(lookup(call.args, name)) + 1)
         if value == HOST:
-            return ffi.cast("void *", mem.host_copy_ptr(call.args[name]))
+            return ffi.cast("void *", mem.host_copy_ptr(lookup(call.args, name)))
         if value == PAST_LAST_DEVICE:
             count = ffi.new("int32_t *")
             _ffi.call("device_count", count, ffi.NULL)
             return count[0]
         if value.startswith("ALIAS:"):
-            return ffi.cast("void *", mem.ptr(call.args[value[6:]]))
+            return ffi.cast("void *", mem.ptr(lookup(call.args, value[6:])))
         raise ValueError(value)
     if isinstance(value, Out):
         return ffi.new(value.ctype, 0x5EED)
@@ -744,3 +813,41 @@ def reference_sentencepiece_encode(text, metadata):
         ids.append(vocab[special])
         rest = rest[at + len(special):]
     return ids
+
+
+# decode_layer (test_decode_layer.py), also used by its rejection tests in the matrix
+def decode_config(H, I, Hq, Hkv, D, activation="relu2", sub_norms=True):
+    """A one-layer Config of these sizes (no checks: any shape the op takes)."""
+    from bitnet_ffi.config import Config
+    return Config(hidden=H, intermediate=I, layers=1, heads=Hq, kv_heads=Hkv, head_dim=D,
+                  activation=activation, sub_norms=sub_norms)
+
+
+def decode_layer_case(rng, config, dtype, C, p):
+    """(layer, h, k_cache, v_cache) on the CPU: a bitnet_ffi.model.Layer as random_weights makes one
+    (random floats quantized by quantize_i2s, one scale per part of the fused QKV and gate|up
+    projections; norm weights around 1; sub-norms only where config.sub_norms), h [H] about as large
+    as the projections' outputs, caches [C, Hkv, D] whose rows before p hold random keys and values
+    and the rest NaN (row p is written by the step; a later row must be neither read nor written)."""
+    from bitnet_ffi.model import Layer
+    nd = _arrays.numpy_dtype(dtype)
+    H, I, Q, KV = config.hidden, config.intermediate, config.q_dim, config.kv_dim
+
+    def ternary(rows, cols, segments=None):  # scaled so that outputs are about as large as h
+        w = rng.standard_normal((rows, cols), dtype=np.float32) / np.float32(np.sqrt(cols))
+        return bn.quantize_i2s(w, row_segments=segments)
+
+    def norm(width):
+        return (1.0 + 0.1 * rng.standard_normal(width)).astype(nd)
+
+    subs = config.sub_norms
+    layer = Layer(qkv=ternary(Q + 2 * KV, H, [Q, KV, KV]), o=ternary(H, Q),
+                  gate_up=ternary(2 * I, H, [I, I]), down=ternary(H, I), attn_norm=norm(H),
+                  ffn_norm=norm(H), attn_sub_norm=norm(Q) if subs else None,
+                  ffn_sub_norm=norm(I) if subs else None)
+    h = (rng.standard_normal(H) * 10.0 ** rng.uniform(-0.5, 0.5)).astype(nd)
+    shape = (C, config.kv_heads, config.head_dim)
+    k_cache, v_cache = np.full(shape, np.nan, nd), np.full(shape, np.nan, nd)
+    k_cache[:p] = rng.standard_normal((p,) + shape[1:])
+    v_cache[:p] = rng.standard_normal((p,) + shape[1:]) + 0.5
+    return layer, h, k_cache, v_cache

@@ -11,6 +11,7 @@ and overflowing sizes (count * element size > 2^63), dtype and enum values outsi
 unsupported, mismatched shapes, NaN / infinite scalars (eps, scale, theta), device indices that are
 negative or past the last device, a CPU op given device memory, and out-of-range index contents
 (ids, positions, seq_lens)."""
+import dataclasses
 import inspect
 import math
 import re
@@ -23,12 +24,14 @@ import bitnet_ffi
 import bitnet_ffi as bn
 from bitnet_ffi import _arrays, _ffi
 from bitnet_ffi.errors import ArgumentTypeError, InvalidArgumentError, NoDeviceError, UnsupportedError
+from bitnet_ffi.model import Layer
 
 from reference import (BF16, Buffers, HOST, Memory, MISALIGNED, NULL, Out, PAST_LAST_DEVICE,
                        attention_poisoned, c_value, cast, ffi, make_attention_inputs as make_qkv,
                        make_problem, make_rmsnorm_inputs as make_inputs, poisoned, random_bf16, raw_call,
                        rope_case, to_torch, torch_inputs, torch_problem, torch_put, valid_call,
-                       c_quantize_i2s, status_and_message)
+                       c_quantize_i2s, status_and_message, with_changes, decode_config,
+                       decode_layer_case)
 
 OK, INVALID, UNSUPPORTED, NO_DEVICE = 0, 1, 2, 3
 BIG = 1 << 62
@@ -61,7 +64,8 @@ OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "
               "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
               "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
-              "rmsnorm_partial", "glu_rmsnorm_partial")
+              "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
+              "decode_layer_workspace_size")
 
 
 # ---------------------------------------------------------------- the mutation table
@@ -113,6 +117,38 @@ def pointers(*names, aligned=()):
     """NULL and host-memory mutations of every pointer, misaligned ones of those in `aligned`."""
     return nulls(*names) + misaligned(*aligned) + host_pointers(*names)
 
+
+def decode_config_mutations():
+    """The config checks both decode_layer entry points share (the valid config: H = I = 128,
+    Hq = 2, Hkv = 1, D = 64)."""
+    return [
+        Mutation("config", NULL, INVALID, "config is NULL"),
+        Mutation("dtype", 3, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("config.D", 96, UNSUPPORTED, "head_dim D = 96 is not supported"),
+        Mutation("config.Hkv", 3, INVALID, "Hq (2) is not a multiple of Hkv (3)"),
+        Mutation("config.H", 200, UNSUPPORTED, "config H = 200 is not a multiple of 128"),
+        Mutation("config.I", 65536 + 128, UNSUPPORTED, "config I = 65664 is over the largest"),
+        Mutation("config.Hq", 1026, UNSUPPORTED, "config Hq * D = 65664 is over the largest"),
+        Mutation("config.Hq", 1 << 60, UNSUPPORTED, "over the largest supported width"),
+        Mutation("config.activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("config.activation", -1, INVALID, "is not BITNET_ACTIVATION_RELU2"),
+        Mutation("config.eps", 0.0, INVALID, "config eps must be finite and > 0"),
+        Mutation("config.eps", math.nan, INVALID, "config eps must be finite"),
+        Mutation("config.attn_sub_eps", -1e-6, INVALID, "config attn_sub_eps must be finite and > 0"),
+        Mutation("config.ffn_sub_eps", math.inf, INVALID, "config ffn_sub_eps must be finite"),
+        Mutation("config.theta", 1.0, INVALID, "config theta must be finite and > 1"),
+        Mutation("config.theta", math.nan, INVALID, "config theta must be finite"),
+        Mutation("config.attention_scale", -0.5, INVALID, "attention_scale must be finite and >= 0"),
+        Mutation("config.attention_scale", math.inf, INVALID, "attention_scale must be finite"),
+    ] + [Mutation(f"config.{name}", value, INVALID, "H, I, Hq, Hkv and D must be positive")
+         for name in ("H", "I", "Hq", "Hkv", "D") for value in (0, -1)]
+
+
+DECODE_WEIGHTS = tuple(f"weights.{name}.{part}" for name in ("qkv", "o", "gate_up", "down")
+                       for part in ("w_packed", "w_scales")) + ("weights.attn_norm",
+                                                                "weights.ffn_norm")
+DECODE_SUB_NORMS = ("weights.attn_sub_norm", "weights.ffn_sub_norm")  # may be NULL
 
 TERNARY = "must be at least 1"
 MUTATIONS = {
@@ -337,6 +373,26 @@ MUTATIONS = {
     "add_int32": bad_devices() + non_positive("size must be positive", "n") + [
         Mutation("n", BIG, INVALID, "overflow a 64-bit byte count"),
     ] + pointers("x", aligned=("x",)),
+    "decode_layer": bad_devices() + decode_config_mutations() + [
+        Mutation("weights", NULL, INVALID, "weights is NULL"),
+        Mutation("C", 0, INVALID, "C = 0 must be in [1, 2^31 - 1]"),
+        Mutation("C", -1, INVALID, "C = -1 must be in [1, 2^31 - 1]"),
+        Mutation("C", 1 << 31, INVALID, "must be in [1, 2^31 - 1]"),
+        Mutation("workspace_bytes", -1, INVALID, "workspace_bytes is negative"),
+        Mutation("workspace_bytes", 64, INVALID, "workspace of 64 bytes is too small"),
+        Mutation("position", np.array([4], np.int32), INVALID, "position = 4 is outside [0, C = 4)",
+                 "cpu"),
+        Mutation("position", np.array([-1], np.int32), INVALID, "position = -1 is outside", "cpu"),
+    ] + pointers("h", "k_cache", "v_cache", "position", "workspace", *DECODE_WEIGHTS,
+                 aligned=("h", "k_cache", "v_cache", "position", "workspace", *DECODE_WEIGHTS,
+                          *DECODE_SUB_NORMS))
+      + host_pointers(*DECODE_SUB_NORMS)
+      + overlaps(("h", "workspace", ("h", "workspace")), ("v_cache", "k_cache", ("k_cache", "v_cache")),
+                 ("weights.attn_norm", "h", ("weights.attn_norm", "h")),
+                 ("position", "workspace", ("position", "workspace")),
+                 ("weights.down.w_scales", "k_cache", ("weights.down.w_scales", "k_cache"))),
+    "decode_layer_workspace_size": bad_devices(pointers=False) + decode_config_mutations()
+    + nulls("bytes"),
 }
 # Mutations that change two arguments that only make sense together (the table stays one argument
 # per row: the second is applied by COMPANIONS).
@@ -361,7 +417,7 @@ def run_call(mem, call, changes):
     """Calls the entry point with `changes` applied; returns (status, message, outputs before,
     outputs after) where outputs are bytes."""
     changes = {name: mem.put(v) if isinstance(v, np.ndarray) else v for name, v in changes.items()}
-    args = {name: changes.get(name, value) for name, value in call.args.items()}
+    args = with_changes(call.args, changes)
     converted = {name: c_value(mem, call, name, value) for name, value in args.items()}
 
     def snapshot():
@@ -914,6 +970,78 @@ def python_cases(rng):
          InvalidArgumentError, "counters: expected 2 integers", [index]),
         ("sample logits dtype", lambda: bn.sample(logits.astype(np.float16), 1, [0, 1], out=index),
          InvalidArgumentError, "dtype", [index]),
+    ] + decode_layer_cases(rng)
+
+
+def decode_layer_cases(rng):
+    """python_cases' rows for decode_layer: a valid float32 call (H = I = Hq D = 128, C = 4,
+    position 2) with one argument made wrong; h, the caches and the workspace stay as they were."""
+    config = decode_config(128, 128, 2, 1, 64, activation="silu")
+    layer, h, kc, vc = decode_layer_case(rng, config, "float32", 4, 2)
+    ws = np.full(bn.decode_layer_workspace_size(config, -1, "float32"), 0x5A, np.uint8)
+    state = [h, kc, vc, ws]
+
+    def call(config=config, layer=layer, h=h, kc=kc, vc=vc, position=(2,), workspace=ws):
+        return lambda: bn.decode_layer(config, layer, h, kc, vc, list(position), workspace)
+
+    def changed(**parts):
+        return Layer(**{**layer.__dict__, **parts})
+
+    scaled = bn.pack_ternary(np.zeros((128, 256), np.int8), 1.0, block_scales=np.ones((128, 1),
+                                                                                     np.float32))
+    return [
+        ("decode_layer config None", call(config=None), ArgumentTypeError,
+         "config: expected a bitnet_ffi.config.Config, got NoneType", state),
+        ("decode_layer layer None", call(layer=None), ArgumentTypeError,
+         "layer: expected an object with attributes qkv", state),
+        ("decode_layer layer.o an array", call(layer=changed(o=layer.o.packed)), ArgumentTypeError,
+         "layer.o: expected TernaryWeights, got ndarray", state),
+        ("decode_layer block-scaled weights", call(layer=changed(down=scaled)), UnsupportedError,
+         "layer.down has block_scales: the fused layer needs one scale per row", state),
+        ("decode_layer qkv shape", call(layer=changed(qkv=layer.o)), InvalidArgumentError,
+         "layer.qkv: expected weights of shape [256, 128], got [128, 128]", state),
+        ("decode_layer attn_norm None", call(layer=changed(attn_norm=None)), ArgumentTypeError,
+         "layer.attn_norm: expected an array, got None", state),
+        ("decode_layer ffn_norm dtype", call(layer=changed(ffn_norm=layer.ffn_norm.astype(np.float16))),
+         InvalidArgumentError, "layer.ffn_norm: expected dtype float32, got float16", state),
+        ("decode_layer sub-norm shape", call(layer=changed(ffn_sub_norm=layer.ffn_sub_norm[:64])),
+         InvalidArgumentError, "layer.ffn_sub_norm: expected shape [128], got [64]", state),
+        ("decode_layer h shape", call(h=np.zeros((2, 128), np.float32)), InvalidArgumentError,
+         "h: expected shape [1, 128], got [2, 128]", state),
+        ("decode_layer h dtype", call(h=h.astype(np.float64)), InvalidArgumentError,
+         "dtype float64 is not supported", state),
+        ("decode_layer h read-only", call(h=read_only(h)), InvalidArgumentError,
+         "h: the array is read-only, and the op writes it", state),
+        ("decode_layer k_cache heads", call(kc=np.zeros((4, 2, 64), np.float32)),
+         InvalidArgumentError, "k_cache: expected shape [*, 1, 64], got [4, 2, 64]", state),
+        ("decode_layer v_cache length", call(vc=vc[:3].copy()), InvalidArgumentError,
+         "v_cache: expected shape [4, 1, 64], got [3, 1, 64]", state),
+        ("decode_layer v_cache dtype", call(vc=vc.astype(np.float16)), InvalidArgumentError,
+         "v_cache: expected dtype float32, got float16", state),
+        ("decode_layer position range", call(position=(4,)), InvalidArgumentError,
+         "position = 4 is outside [0, C = 4)", state),
+        ("decode_layer position count", call(position=(1, 2)), InvalidArgumentError,
+         "position: expected 1 integers", state),
+        ("decode_layer workspace small", call(workspace=ws[:64]), InvalidArgumentError,
+         "workspace of 64 bytes is too small", state),
+        ("decode_layer workspace read-only", call(workspace=read_only(ws)), InvalidArgumentError,
+         "workspace: the array is read-only", state),
+        ("decode_layer h inside the workspace", call(h=ws[:512].view(np.float32)),
+         InvalidArgumentError, "h and workspace overlap", state),
+        ("decode_layer activation", call(config=decode_config(128, 128, 2, 1, 64, "gelu")),
+         InvalidArgumentError, "activation must be 'relu2' or 'silu'", state),
+        ("decode_layer eps", call(config=dataclasses.replace(config, eps=0.0)),
+         InvalidArgumentError, "config eps must be finite and > 0", state),
+        ("decode_layer float heads", call(config=dataclasses.replace(config, heads=2.0)),
+         ArgumentTypeError, "config.heads: expected an integer, got 2.0", state),
+        ("decode_layer_workspace_size dtype",
+         lambda: bn.decode_layer_workspace_size(config, -1, "int8"), InvalidArgumentError,
+         "dtype 3 (int8) is not float32, float16 or bfloat16", []),
+        ("decode_layer_workspace_size head_dim",
+         lambda: bn.decode_layer_workspace_size(decode_config(128, 128, 1, 1, 96), -1),
+         UnsupportedError, "head_dim D = 96 is not supported", []),
+        ("decode_layer_workspace_size device", lambda: bn.decode_layer_workspace_size(config, 4096),
+         NoDeviceError, "does not exist", []),
     ]
 
 
@@ -1027,7 +1155,7 @@ def test_gpu_op_mutation(entry, mutation, rng):
 
 @pytest.mark.gpu
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("entry", [e for e in OP_ENTRIES if e != "attention_workspace_size"])
+@pytest.mark.parametrize("entry", [e for e in OP_ENTRIES if not e.endswith("workspace_size")])
 def test_gpu_pointer_on_another_device(entry, rng):
     """Arrays on device 0, the op asked to run on device 1."""
     pytest.importorskip("torch")

@@ -308,6 +308,75 @@ bitnet_status bitnet_relu2_gate(int32_t device, int32_t dtype, int64_t T, int64_
                                 const void *gate_up /* [T, 2F] */, void *out /* [T, F] */,
                                 void *stream);
 
+/* ---- One BitNet layer of a one-token decode step, fused (docs/decode_layer.md) ---- */
+
+/* Packed ternary weights of one projection: bitnet_pack_ternary's [M, K/4] bytes (16-byte
+ * aligned) and a float32 scale per row. */
+typedef struct {
+    const uint8_t *w_packed;
+    const float *w_scales;
+} bitnet_ternary_weights;
+
+/* A layer's shapes and constants: hidden size H, intermediate size I, Hq query and Hkv key/value
+ * heads of dimension D; the GLU's activation (a bitnet_activation); the RMSNorm epsilons of the
+ * input norms (eps) and of the sub-norms; RoPE's theta; the attention's scale (0: 1 / sqrt(D)). */
+typedef struct {
+    int64_t H, I, Hq, Hkv, D;
+    int32_t activation;
+    float eps, attn_sub_eps, ffn_sub_eps, theta, attention_scale;
+} bitnet_decode_layer_config;
+
+/* The weights of one layer. The norms' weights are in the call's dtype; a sub-norm's weight may be
+ * NULL (a model without that sub-norm: its input is only quantized, bitnet_quantize_a8's rule). */
+typedef struct {
+    bitnet_ternary_weights qkv;     /* [Hq D + 2 Hkv D, H]: the q heads, then k, then v */
+    bitnet_ternary_weights o;       /* [H, Hq D] */
+    bitnet_ternary_weights gate_up; /* [2 I, H]: gate rows, then up rows */
+    bitnet_ternary_weights down;    /* [H, I] */
+    const void *attn_norm;          /* [H] */
+    const void *attn_sub_norm;      /* [Hq D] or NULL */
+    const void *ffn_norm;           /* [H] */
+    const void *ffn_sub_norm;       /* [I] or NULL */
+} bitnet_decode_layer_weights;
+
+/* One layer for one new token of one sequence at position p = *position (device-resident on a
+ * GPU), updating the residual stream h in place. The same values as this sequence of ops on
+ * one device (the model runtime's unfused decode step), every intermediate rounded to dtype where
+ * that sequence stores it:
+ *   x_q, x_s = bitnet_rmsnorm(h, attn_norm, eps) -> int8
+ *   qkv      = bitnet_gemv_w2a8(qkv, x_q, x_s) -> dtype
+ *   q        = bitnet_rope_append_kv(qkv, k_cache, v_cache, positions = {p}, theta)
+ *   a        = bitnet_attention(q, k_cache, v_cache, seq_lens = {p + 1}, causal, scale)
+ *   h       += bitnet_gemv_w2a8(o, bitnet_rmsnorm(a, attn_sub_norm, attn_sub_eps) -> int8)
+ *   x_q, x_s = bitnet_rmsnorm(h, ffn_norm, eps) -> int8
+ *   g        = bitnet_glu_gate(bitnet_gemv_w2a8(gate_up, x_q, x_s) -> dtype, activation)
+ *   h       += bitnet_gemv_w2a8(down, bitnet_rmsnorm(g, ffn_sub_norm, ffn_sub_eps) -> int8)
+ * The integer dots are exact; the float results differ from that sequence only by the order of
+ * float32 sums (the norms' sums of squares and the attention's softmax), which on a GPU is not the
+ * unfused kernels' order: see docs/decode_layer.md for the bound. The KV cache row p is written.
+ * dtype: float16 or bfloat16 (float32 too on the CPU). H, I and Hq D: multiples of 128, at most
+ * 65536; D: 64, 128 or 256; Hq a multiple of Hkv; eps values finite and > 0; theta finite and > 1.
+ * Packed weights and the workspace 16-byte aligned; on a GPU h, the norms' weights and the caches
+ * too. No output (h, the caches, the workspace) may overlap another array.
+ * On the CPU, p is checked to lie in [0, C). On a GPU it is read only by the kernel: a p outside
+ * [0, C) leaves h and the caches untouched. workspace: bitnet_decode_layer_workspace_size bytes of
+ * the op's memory for its intermediates; the op allocates nothing, so it can be captured in a CUDA
+ * graph. On a GPU the layer runs as one cooperative kernel, all its blocks resident at once. */
+bitnet_status bitnet_decode_layer(int32_t device, int32_t dtype,
+                                  const bitnet_decode_layer_config *config,
+                                  const bitnet_decode_layer_weights *weights,
+                                  void *h /* [H], in/out */,
+                                  void *k_cache /* [C, Hkv, D] */,
+                                  void *v_cache /* [C, Hkv, D] */, int64_t C,
+                                  const int32_t *position /* [1] */,
+                                  void *workspace /* [workspace_bytes] */,
+                                  int64_t workspace_bytes, void *stream);
+
+/* The workspace bitnet_decode_layer needs for this config on `device`. */
+bitnet_status bitnet_decode_layer_workspace_size(int32_t device, int32_t dtype,
+                                                 const bitnet_decode_layer_config *config,
+                                                 int64_t *bytes);
+
 /* ---- Model glue: the output head, greedy argmax, embedding lookup ---- */
 
 /* y[n, m] = sum_k x[n, k] * w[m, k], accumulated in float32: the bfloat16 output head (or any dense

@@ -341,6 +341,21 @@ bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, i
                                      int64_t Hq, int64_t Hkv, int64_t D, const void *qkv, void *q,
                                      void *k_cache, void *v_cache, int64_t C,
                                      const int32_t *positions, float theta, void *stream);
+/* bitnet_decode_layer: the CPU runs the unfused sequence of its CPU ops through the workspace
+ * (cpu/decode_layer.c); the GPU runs one cooperative kernel (cuda/decode_layer.cu). */
+int64_t bn_cpu_decode_layer_workspace_size(int32_t dtype, const bitnet_decode_layer_config *c);
+bitnet_status bn_cpu_decode_layer(int32_t dtype, const bitnet_decode_layer_config *c,
+                                  const bitnet_decode_layer_weights *w, void *h, void *k_cache,
+                                  void *v_cache, int64_t C, const int32_t *position,
+                                  void *workspace);
+bitnet_status bn_cuda_decode_layer_workspace_size(int32_t device, int32_t dtype,
+                                                  const bitnet_decode_layer_config *c,
+                                                  int64_t *bytes);
+bitnet_status bn_cuda_decode_layer(int32_t device, int32_t dtype,
+                                   const bitnet_decode_layer_config *c,
+                                   const bitnet_decode_layer_weights *w, void *h, void *k_cache,
+                                   void *v_cache, int64_t C, const int32_t *position,
+                                   void *workspace, void *stream);
 bitnet_status bn_cpu_glu_gate(int32_t dtype, int64_t T, int64_t F, int32_t activation,
                               const void *gate_up, void *out);
 /* out[out_offset + i] = act(gate_up[gate + i]) * gate_up[gate + F + i] stored in dtype, i < n: the

@@ -1,0 +1,67 @@
+"""Decode ms per step of a random-weight BitNet model with fused decode layers (decode_layer, one
+cooperative kernel a layer) against the unfused op sequence, side by side in one process on one
+GPU: 2B4T shapes, batch 1, the KV cache filled to each context length by a prefill, the step a
+CUDA graph timed by replays (Session.time_decode), the per-op breakdown of each, and whether the
+two give the same greedy tokens over --tokens steps from the same prompt.
+    python tools/bench_decode.py [--contexts 1024 4096] [--layers 30] [--tokens 32] [--json out]
+        [--fused-only]
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPLAYS = 20
+
+
+def main():
+    from bitnet_ffi.model import BITNET_2B4T, Config, Session, random_weights
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096])
+    parser.add_argument("--layers", type=int, default=BITNET_2B4T.layers)
+    parser.add_argument("--tokens", type=int, default=32, help="greedy steps compared")
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--fused-only", action="store_true",
+                        help="time the fused step alone (no comparison)")
+    parser.add_argument("--json", help="write the result here")
+    args = parser.parse_args()
+    config = Config(**{**BITNET_2B4T.__dict__, "layers": args.layers})
+    weights = random_weights(config, args.device, seed=0)
+    rows = []
+    for context in args.contexts:
+        prompt = np.random.default_rng(context).integers(0, config.vocab, (1, context - 1))
+        row = {"context": context, "layers": args.layers}
+        tokens = {}
+        for fused in (True,) if args.fused_only else (False, True):
+            name = "fused" if fused else "unfused"
+            session = Session(weights, 1, context + args.tokens + REPLAYS + 1, args.device,
+                              fused=fused)
+            first = session.prefill(prompt)
+            step_ms, op_ms = session.time_decode(REPLAYS)
+            tokens[name] = [int(first[0])] + [int(session.decode()[0]) for _ in range(args.tokens)]
+            row[name] = {"step_ms": step_ms, "op_ms": op_ms}
+            print(f"context {context}, {name}: {step_ms:.3f} ms per step; "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in op_ms.items() if v > 0.0005), flush=True)
+            del session
+        if args.fused_only:
+            rows.append(row)
+            continue
+        same = next((i for i, (a, b) in enumerate(zip(tokens["fused"], tokens["unfused"]))
+                     if a != b), None)
+        row["tokens_identical"] = same is None
+        row["first_difference"] = same
+        row["speedup"] = row["unfused"]["step_ms"] / row["fused"]["step_ms"]
+        print(f"context {context}: fused {row['speedup']:.2f}x; greedy tokens "
+              + ("identical" if same is None else f"differ from step {same}")
+              + f" over {args.tokens + 1}", flush=True)
+        rows.append(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"tool": "bench_decode", "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
