@@ -46,6 +46,11 @@ constexpr int kPrefetchPiece = 4096;  /* bytes per L2 bulk prefetch */
 #ifndef BN_DECODE_LAYER_STAGES
 #define BN_DECODE_LAYER_STAGES 6
 #endif
+/* Built with -DBN_DECODE_LAYER_BARRIERS=0, the grid barriers are left out (wrong values): against
+ * the default build, the time the five barriers of a layer take. */
+#ifndef BN_DECODE_LAYER_BARRIERS
+#define BN_DECODE_LAYER_BARRIERS 1
+#endif
 
 template <typename T> struct LayerArgs {
     int H, I, Hq, Hkv, D, C, splits;
@@ -542,27 +547,27 @@ __global__ __launch_bounds__(kThreads, 1) void decode_layer_kernel(const LayerAr
     Codes x = norm_codes(a.h, a.attn_norm, a.H, a.eps, x_tile, v_stage, scratch);
     gemv_stage(a.w_qkv, a.s_qkv, Q + 2 * KV, a.H, x_tile, x,
                [&](int row, float value) { a.qkv[row] = from_float<T>(value); });
-    grid.sync();
+    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
     if (BN_DECODE_LAYER_STAGES < 2) return;
 
     /* 2. attention partials; 3. their combination */
     if (attends) attention_unit(a, p, sm);
-    grid.sync();
+    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
     if (BN_DECODE_LAYER_STAGES < 3) return;
     combine(a, p);
-    grid.sync();
+    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
     if (BN_DECODE_LAYER_STAGES < 4) return;
 
     /* 4. sub-norm, o, residual */
     x = norm_codes(a.attn, a.attn_sub_norm, Q, a.attn_sub_eps, x_tile, v_stage, scratch);
     gemv_stage(a.w_o, a.s_o, a.H, Q, x_tile, x, [&](int row, float value) { add_to_h(a, row, value); });
-    grid.sync();
+    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
     if (BN_DECODE_LAYER_STAGES < 5) return;
 
     /* 5. norm, gate|up, the GLU's gate */
     x = norm_codes(a.h, a.ffn_norm, a.H, a.eps, x_tile, v_stage, scratch);
     glu_stage<ACT>(a, x_tile, x);
-    grid.sync();
+    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
     if (BN_DECODE_LAYER_STAGES < 6) return;
 
     /* 6. sub-norm, down, residual */
