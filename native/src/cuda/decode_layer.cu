@@ -289,8 +289,8 @@ __device__ void gemv_glu(const LayerArgs<T> &a, const int8_t *x_tile, Codes x) {
     }
 }
 
-/* LANES for M rows (R per task at LANES = 32 / R... ): the most lanes per row, at most MAX, for
- * which one round of the grid's warps covers the row groups. */
+/* The lanes per row of a GEMV over M rows (pairs: M gate|up pairs, two rows a pair): the most, up
+ * to max_lanes and down to 4, for which one round of the grid's warps covers every row. */
 __device__ __forceinline__ int lanes_for(int M, int max_lanes, int pairs) {
     const int total_warps = gridDim.x * kWarps;
     int lanes = max_lanes;
