@@ -47,6 +47,27 @@ def norm(T, H, int8):
             bn.rmsnorm(x, weight, 1e-5)
 
 
+def decode_layer(L):
+    """One fused 2B4T layer (bitnet_decode_layer) at position L - 1 of a cache of L rows, its
+    arrays DeviceArrays as model.Session's."""
+    import numpy as np
+    from bitnet_ffi import _arrays
+    from bitnet_ffi.model import BITNET_2B4T, Config, random_weights
+    config = Config(**{**BITNET_2B4T.__dict__, "layers": 1})
+    layer = random_weights(config, 0).layers[0]
+    rng, bf16 = np.random.default_rng(0), _arrays.numpy_dtype("bfloat16")
+
+    def put(shape):
+        return bn.DeviceArray.from_numpy(rng.standard_normal(shape).astype(bf16), 0)
+
+    h, k, v = put(config.hidden), put((L, config.kv_heads, config.head_dim)), \
+        put((L, config.kv_heads, config.head_dim))
+    position = bn.DeviceArray.from_numpy(np.array([L - 1], np.int32), 0)
+    workspace = bn.DeviceArray((bn.decode_layer_workspace_size(config, 0),), "uint8", 0)
+    for _ in range(2):
+        bn.decode_layer(config, layer, h, k, v, position, workspace=workspace)
+
+
 CASES = {
     "decode-1024": lambda: attention(1, 1024),
     "decode-4096": lambda: attention(1, 4096),
@@ -57,6 +78,8 @@ CASES = {
     "gemm-13824x2560x960": lambda: gemv(13824, 2560, 960),
     "norm-int8": lambda: norm(4096, 2560, True),
     "norm": lambda: norm(4096, 2560, False),
+    "decode-layer-1024": lambda: decode_layer(1024),
+    "decode-layer-4096": lambda: decode_layer(4096),
 }
 
 
