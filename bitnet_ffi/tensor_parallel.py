@@ -31,13 +31,14 @@ projection's rows are all-gathered. Every norm and int8 quantization then sees t
 one GPU, and a row's output is an exact integer dot scaled by the same rule whatever rows the
 kernel runs beside it. Per layer 3 all-gathers; the QKV weights and attention are not divided.
 
-The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch
-1 only; a prompt goes through the same ops in passes of up to PREFILL_CHUNK tokens (one token at a
-time in the exact layout), a pass of that many tokens captured as a graph too. Pieces may differ
-in size (``split``: 5 KV heads over 2 ranks are 3 and 2). The model needs only the Config and
-``Shard``s: ``shard_weights`` slices a full model (model.Weights on the host; ``load_shard`` reads
-a checkpoint for it), ``random_shard`` makes a rank's random weights directly in packed form on
-its device (a 70B shape's 17 GB would take far too long to quantize from floats)."""
+The step is captured as one CUDA graph per rank (the collectives run on the step's stream). Batch 1
+only; a prompt goes through the same ops in passes of up to PREFILL_CHUNK tokens (in the exact
+layout one token at a time where the ranks' pieces differ in size), a pass of that many tokens
+captured as a graph too. Pieces may differ in size (``split``: 5 KV heads over 2 ranks are 3 and
+2). The model needs only the Config and ``Shard``s: ``shard_weights`` slices a full model
+(model.Weights on the host; ``load_shard`` reads a checkpoint for it), ``random_shard`` makes a
+rank's random weights directly in packed form on its device (a 70B shape's 17 GB would take far
+too long to quantize from floats)."""
 import itertools
 import time
 from dataclasses import dataclass
@@ -475,11 +476,14 @@ class TPSession:
         self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.positions, self.seq_lens = self.alloc((1,), "int32"), self.alloc((1,), "int32")
         # A prompt goes through in passes of up to `chunk` tokens. The exact layout's all-gathers
-        # put rank-major pieces together, which is a row's layout for one token only.
-        self.chunk = 1 if self.exact else min(PREFILL_CHUNK, capacity)
+        # put rank-major pieces together: for n tokens a row gather (gather_ids) puts them in row
+        # order, where every rank's piece has as many rows; otherwise one token a pass.
+        even = not self.exact or all(len(set(rows)) == 1 for rows in (sp.hidden, sp.gate_up))
+        self.chunk = min(PREFILL_CHUNK, capacity) if even else 1
         limit = getattr(group, "max_bytes", None)  # None: any size (comm.ThreadGroup)
-        if limit is not None:  # a pass's partial sums and sums of squares fit one message
-            self.chunk = max(1, min(self.chunk, limit // (4 * (H + 1))))
+        if limit is not None:  # a pass's partial sums and sums of squares, or pieces, fit a message
+            piece = 2 * max(sp.hidden + sp.gate_up) if self.exact else 4 * (H + 1)
+            self.chunk = max(1, min(self.chunk, limit // piece))
         T = self.chunk
         # Buffers of T rows; a pass of n tokens takes the first n. part: o's or down's
         # float32 partial sums [n, H], then the rows' sums of squares [n].
@@ -495,9 +499,12 @@ class TPSession:
         if self.solo:  # the head's output is the whole row
             b["logits_part"] = b["logits"]
         if self.exact:  # this rank's rows of o or down, and of gate|up, before the all-gathers
-            b["proj_part"] = self.alloc((1, sp.hidden[r]), BF16)
-            b["gate_up_part"] = self.alloc((1, sp.gate_up[r]), BF16)
+            b["proj_part"] = self.alloc((T, sp.hidden[r]), BF16)
+            b["gate_up_part"] = self.alloc((T, sp.gate_up[r]), BF16)
             self.row_counts = {"proj": list(sp.hidden), "gate_up": list(sp.gate_up)}
+            if T > 1:  # the pieces of a pass of n > 1 tokens, rank-major, before the row gather
+                b["gathered"] = self.alloc((T * max(H, 2 * I),), BF16)
+        self.gather_rows = {}  # pass length n > 1 -> gather_ids(n)
         ws = max(attention_workspace_size(self.device, 1, n, hq, hkv, D, capacity)
                  for n in range(1, T + 1))  # a pass of any length up to T
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
@@ -630,8 +637,26 @@ class TPSession:
         if not self.exact:
             gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name][:n], stream=st)
             return
-        gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=b[name + "_part"], stream=st)
-        self.group.all_gather(b[name + "_part"], b[name], counts=self.row_counts[name], stream=st)
+        part, counts = b[name + "_part"][:n], self.row_counts[name]
+        gemv_w2a8(weights, x_q, x_s, out_dtype=BF16, out=part, stream=st)
+        if n == 1:
+            self.group.all_gather(part, b[name][:1], counts=counts, stream=st)
+            return
+        world, rows = len(counts), counts[0]
+        gathered = b["gathered"][:n * world * rows]
+        self.group.all_gather(part, gathered, counts=[n * rows] * world, stream=st)
+        embedding(gathered.reshape(world * n, rows), self.gather_rows[n],
+                  out=b[name][:n].reshape(n * world, rows), stream=st)
+
+    def gather_ids(self, n):
+        """Makes, once per pass length n > 1 of the exact layout, the row gather that puts the
+        all-gathered pieces [world, n, rows] in row order [n, world, rows]: row t * world + r of
+        the result is row r * n + t of the pieces. (Uploaded here, before any capture.)"""
+        if n > 1 and self.exact and n not in self.gather_rows:
+            world = len(self.row_counts["proj"])
+            t, r = np.divmod(np.arange(n * world), world)
+            self.gather_rows[n] = self.alloc((n * world,), "int32")
+            self.upload(r * n + t, self.gather_rows[n])
 
     def row_parallel(self, weights, x, norm_weight, activation, width, eps):
         """b["proj"] = W subnorm(v) for the o or down projection W, v a row of `width` (x itself,
@@ -711,6 +736,7 @@ class TPSession:
         for start in range(0, len(ids), self.chunk):
             part = ids[start:start + self.chunk]
             self.upload(part, self.b["ids"][:len(part)])
+            self.gather_ids(len(part))
             if len(part) == self.chunk:
                 self.run_pass(self.chunk)
             else:
