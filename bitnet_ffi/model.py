@@ -376,7 +376,12 @@ class Session:
             self.graph = self.capture()
         step_ms = self.graph.time_ms(replays, reset)
         breakdown = {}
-        for kind in self.KINDS:
+        # the kinds the decode step issues: a fused layer replaces the per-layer projections, RoPE
+        # and attention (its norms are inside it too; the final norm stays apart)
+        absent = ({"gemv_w2a8", "rope + kv append", "attention"} if self.fused
+                  else {"decode layer (fused)"})
+        kinds = [k for k in self.KINDS if k not in absent]
+        for kind in kinds:
             self.only = {kind}
             breakdown[kind] = self.capture().time_ms(replays, reset)
         self.only = None
