@@ -357,7 +357,8 @@ typedef struct {
  * dtype: float16 or bfloat16 (float32 too on the CPU). H, I and Hq D: multiples of 128, at most
  * 65536; D: 64, 128 or 256; Hq a multiple of Hkv; eps values finite and > 0; theta finite and > 1.
  * Packed weights and the workspace 16-byte aligned; on a GPU h, the norms' weights and the caches
- * too. No output (h, the caches, the workspace) may overlap another array.
+ * too, and (Hq / Hkv) D at most 2048 (BITNET_ERR_UNSUPPORTED past it). No output (h, the caches,
+ * the workspace) may overlap another array.
  * On the CPU, p is checked to lie in [0, C). On a GPU it is read only by the kernel: a p outside
  * [0, C) leaves h and the caches untouched. workspace: bitnet_decode_layer_workspace_size bytes of
  * the op's memory for its intermediates; the op allocates nothing, so it can be captured in a CUDA
