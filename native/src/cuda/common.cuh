@@ -165,6 +165,27 @@ template <int ACT> __device__ __forceinline__ float bn_glu(float gate, float up)
     }
 }
 
+/* A W2A8 output from its dot with the codes (exact, or a block-scaled sum) and the scales:
+ * dot * w_scale / x_scale in float32, IEEE multiply then divide. The one rule of every W2A8
+ * kernel (GEMV, GEMM, block-scaled, decode_layer), so that they give the same bits. */
+__device__ __forceinline__ float bn_w2a8_scaled(float dot, float w_scale, float x_scale) {
+    return __fdiv_rn(__fmul_rn(dot, w_scale), x_scale);
+}
+
+/* RoPE's angle of pair i of D at position p, p * theta^(-2i/D) in float64 (log2_theta =
+ * log2(theta)); its cos and sin are taken in float64 and rounded to float32. With bn_rope_rotate,
+ * the arithmetic of bitnet_rope_append_kv that every kernel applying RoPE shares. */
+__device__ __forceinline__ double bn_rope_angle(int p, int i, int D, double log2_theta) {
+    return (double)p * exp2(-2.0 * i / D * log2_theta);
+}
+
+/* The pair (a, c) = (x[i], x[i + D/2]) turned by the angle of (cs, sn), in float32, rounded to T. */
+template <typename T>
+__device__ __forceinline__ void bn_rope_rotate(float a, float c, float cs, float sn, T &lo, T &hi) {
+    lo = from_float<T>(a * cs - c * sn);
+    hi = from_float<T>(c * cs + a * sn);
+}
+
 /* max(a, b), or NaN if either is NaN (fmaxf returns the other operand): the activation
  * quantizers' row maxima, so that a non-finite input shows in the maximum (bn_max_or_nan on the
  * CPU). */

@@ -28,10 +28,13 @@
 #include <cfloat>
 
 #include "common.cuh"
+#include "gemv_dp4a.cuh"
 
 namespace cg = cooperative_groups;
 
 namespace {
+
+using namespace bn_gemv;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -66,16 +69,6 @@ template <typename T> struct LayerArgs {
     float *partial_o; /* [splits][Hq][D] */
     float *partial_ml; /* [splits][Hq][2]: running max (log2 units) and sum */
 };
-
-/* Byte offset of 16-byte piece q of chunk c (64 bytes) of x in shared memory; the XOR spreads a
- * row's lanes, which read consecutive chunks, over all banks (gemv_w2a8.cu's layout). */
-__device__ __forceinline__ int x_offset(int c, int q) { return c * 64 + 16 * (q ^ ((c >> 1) & 3)); }
-
-__device__ __forceinline__ int dp4a_u8_s8(uint32_t a, int b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
 
 /* Requests [p, p + bytes) into L2, this block's share being piece-sized requests spread over its
  * threads (bytes a multiple of 16, p 16-byte aligned). */
@@ -217,11 +210,6 @@ __device__ Codes norm_codes(const T *v, const T *w, int K, float eps, int8_t *x_
     return {sum, scale};
 }
 
-/* y = (dot(codes, x) - sum(x)) * w_scale / x_scale, gemv_w2a8's float32 rule. */
-__device__ __forceinline__ float gemv_value(int dot, float w_scale, float x_scale) {
-    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
-}
-
 /* The exact dot of packed row `row` (K weights) with the codes in x_tile, summed over the LANES
  * lanes of the row (sub = this lane's index among them); the result in every lane of the row. */
 template <int LANES>
@@ -250,7 +238,7 @@ __device__ int row_dot(const uint4 *w, int64_t row, int K, int sub, const int8_t
             }
         }
     }
-    int dot = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
+    int dot = codes_dot(acc);
     for (int offset = LANES / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
     return dot;
 }
@@ -265,8 +253,8 @@ __device__ void gemv_rows(const uint4 *w, const float *scales, int M, int K, con
     for (int task = blockIdx.x * kWarps + threadIdx.x / 32; task * kRows < M; task += total_warps) {
         const int row = task * kRows + lane / LANES;
         const bool valid = row < M;
-        const int dot = row_dot<LANES>(w, row, K, sub, x_tile, valid);
-        if (valid && sub == 0) epilogue(row, gemv_value(dot - x.sum, scales[row], x.scale));
+        const int dot = row_dot<LANES>(w, row, K, sub, x_tile, valid) - x.sum;
+        if (valid && sub == 0) epilogue(row, bn_w2a8_scaled(static_cast<float>(dot), scales[row], x.scale));
     }
 }
 
@@ -281,8 +269,8 @@ __device__ void gemv_glu(const LayerArgs<T> &a, const int8_t *x_tile, Codes x) {
         const int i = task * kPairs + slot % kPairs;
         const bool valid = i < a.I;
         const int row = slot < kPairs ? i : a.I + i;
-        const int dot = row_dot<LANES>(a.w_gate_up, row, a.H, sub, x_tile, valid);
-        const float value = valid ? gemv_value(dot - x.sum, a.s_gate_up[row], x.scale) : 0.0f;
+        const int dot = row_dot<LANES>(a.w_gate_up, row, a.H, sub, x_tile, valid) - x.sum;
+        const float value = valid ? bn_w2a8_scaled(static_cast<float>(dot), a.s_gate_up[row], x.scale) : 0.0f;
         const float rounded = to_float(from_float<T>(value));
         const float up = __shfl_down_sync(~0u, rounded, kPairs * LANES);
         if (valid && slot < kPairs && sub == 0) a.glu[i] = from_float<T>(bn_glu<ACT>(rounded, up));
@@ -334,14 +322,11 @@ __device__ __forceinline__ void unit_range(int L, int S, int split, int &first, 
     last = min(L, first + chunk);
 }
 
-/* Pair i of a head x (written in this kernel) rotated by RoPE and rounded to T:
- * bitnet_rope_append_kv's arithmetic. */
+/* Pair i of a head x (written in this kernel) rotated by RoPE and rounded to T. */
 template <typename T>
 __device__ __forceinline__ void rotate(const T *x, int D, int i, const AttentionShared &sm, T &lo, T &hi) {
-    const float a = to_float(__ldcg(x + i)), c = to_float(__ldcg(x + i + D / 2));
-    const float cs = sm.cosines[i], sn = sm.sines[i];
-    lo = from_float<T>(a * cs - c * sn);
-    hi = from_float<T>(c * cs + a * sn);
+    bn_rope_rotate(to_float(__ldcg(x + i)), to_float(__ldcg(x + i + D / 2)), sm.cosines[i], sm.sines[i],
+                   lo, hi);
 }
 
 template <typename T>
@@ -528,7 +513,7 @@ __global__ __launch_bounds__(kThreads, 1) void decode_layer_kernel(const LayerAr
     if (attends) {
         for (int i = threadIdx.x; i < a.D / 2; i += kThreads) {
             double sin_d, cos_d;
-            sincos((double)p * exp2(-2.0 * i / a.D * a.log2_theta), &sin_d, &cos_d);
+            sincos(bn_rope_angle(p, i, a.D, a.log2_theta), &sin_d, &cos_d);
             sm.cosines[i] = (float)cos_d;
             sm.sines[i] = (float)sin_d;
         }

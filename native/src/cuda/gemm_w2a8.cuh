@@ -1,5 +1,6 @@
 /* What the W2A8 GEMM kernels share (gemm_w2a8.cu: mma.sync, sm_80+; gemm_w2a8_sm90.cu: wgmma,
- * sm_90a): the arguments, the cp.async copies, the shared-memory tile layouts and the epilogue's rule. */
+ * sm_90a): the arguments, the cp.async copies, the shared-memory tile layouts and the epilogue's rule
+ * (common.cuh's bn_w2a8_scaled for an int32 dot). */
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,7 +45,7 @@ __device__ __forceinline__ int x_tile_offset(int r, int c) { return r * 128 + ((
 __device__ __forceinline__ int w_tile_offset(int n, int h) { return n * 32 + ((h ^ ((n >> 2) & 1)) << 4); }
 
 __device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
-    return __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
+    return bn_w2a8_scaled(static_cast<float>(dot), w_scale, x_scale);
 }
 
 /* The wgmma kernel (gemm_w2a8_sm90.cu, compute capability 9.0 only): blocks of 128 tokens x `rows` (128

@@ -28,8 +28,11 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "gemv_dp4a.cuh"
 
 namespace {
+
+using namespace bn_gemv;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -69,10 +72,6 @@ struct GemvArgs {
     int M, K, n_valid;
 };
 
-/* Byte offset of 16-byte piece q of chunk c (64 bytes) of x in the one-token kernel's tile. The XOR
- * spreads the 8 consecutive chunks that a row's 8 lanes read over all banks. */
-__device__ __forceinline__ int x_offset(int c, int q) { return c * 64 + 16 * (q ^ ((c >> 1) & 3)); }
-
 /* sum + the 16 signed bytes of v. */
 __device__ __forceinline__ int add_bytes(const int4 &v, int sum) {
     return __dp4a(v.x, 0x01010101, __dp4a(v.y, 0x01010101, __dp4a(v.z, 0x01010101, __dp4a(v.w, 0x01010101, sum))));
@@ -100,13 +99,6 @@ __device__ __forceinline__ int component(const int4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-/* c + sum of 4 products of the unsigned bytes of a and the signed bytes of b. */
-__device__ __forceinline__ int dp4a_u8_s8(uint32_t a, int b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 /* y[n, m] from the exact dot; the scales were loaded ahead (0 where the output is not stored). */
 __device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot, float w_scale, float x_scale) {
     int64_t index = static_cast<int64_t>(n) * a.M + m;
@@ -114,7 +106,7 @@ __device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot, 
         static_cast<int *>(a.y)[index] = dot;
         return;
     }
-    float value = __fdiv_rn(__fmul_rn(static_cast<float>(dot), w_scale), x_scale);
+    float value = bn_w2a8_scaled(static_cast<float>(dot), w_scale, x_scale);
     if (a.y_dtype == BITNET_DTYPE_F32) static_cast<float *>(a.y)[index] = value;
     else if (a.y_dtype == BITNET_DTYPE_F16) static_cast<__half *>(a.y)[index] = __float2half_rn(value);
     else static_cast<__nv_bfloat16 *>(a.y)[index] = __float2bfloat16_rn(value);
@@ -224,7 +216,7 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 #pragma unroll
             for (int u = 0; u < kChunksPerLane; u++) w[u] = next[u];
         }
-        int dot = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
+        int dot = codes_dot(acc);
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
         int row = lane_row(tile);
         if (sub == 0 && row < a.M) store(a, 0, row, dot - x_sum, w_scale, x_scale);

@@ -47,7 +47,7 @@ __device__ __forceinline__ int signed_weights(uint32_t word, int i) {
 
 template <typename T>
 __device__ __forceinline__ void store(const BlockScaledArgs &a, int64_t n, int64_t row, float sum) {
-    const float value = __fdiv_rn(__fmul_rn(sum, a.w_scales[row]), a.x_scales[n]);
+    const float value = bn_w2a8_scaled(sum, a.w_scales[row], a.x_scales[n]);
     static_cast<T *>(a.y)[n * a.M + row] = from_float<T>(value);
 }
 

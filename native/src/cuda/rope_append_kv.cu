@@ -54,12 +54,9 @@ __device__ __forceinline__ void store_item(const TokenItems &t, int item, Pack<T
     T *dst = (head < t.Hq ? q_row + head * t.D : k_row + (head - t.Hq) * t.D) + first;
     Pack<T, VEC> out_lo, out_hi;
 #pragma unroll
-    for (int e = 0; e < VEC; e++) {
-        const float a = to_float(lo.x[e]), c = to_float(hi.x[e]);
-        const float cs = cosines[first + e], sn = sines[first + e];
-        out_lo.x[e] = from_float<T>(a * cs - c * sn);
-        out_hi.x[e] = from_float<T>(c * cs + a * sn);
-    }
+    for (int e = 0; e < VEC; e++)
+        bn_rope_rotate(to_float(lo.x[e]), to_float(hi.x[e]), cosines[first + e], sines[first + e],
+                       out_lo.x[e], out_hi.x[e]);
     *reinterpret_cast<Pack<T, VEC> *>(dst) = out_lo;
     *reinterpret_cast<Pack<T, VEC> *>(dst + t.D / 2) = out_hi;
 }
@@ -84,7 +81,7 @@ __global__ void rope_append_kv_kernel(const T *__restrict__ qkv, T *__restrict__
     if (item < t.total) load_item(qkv + token * (Hq + 2 * Hkv) * D, t, item, lo, hi);
     for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
         double sin_d, cos_d;
-        sincos((double)p * exp2(-2.0 * i / D * log2_theta), &sin_d, &cos_d);
+        sincos(bn_rope_angle(p, i, D, log2_theta), &sin_d, &cos_d);
         cosines[i] = (float)cos_d;
         sines[i] = (float)sin_d;
     }
