@@ -47,6 +47,7 @@ def main():
             print(f"context {context}, {name}: {step_ms:.3f} ms per step; "
                   + ", ".join(f"{k} {v:.3f}" for k, v in op_ms.items() if v > 0.0005), flush=True)
             del session
+        row["us"] = row["fused"]["step_ms"] * 1000.0  # what A/B tables of decode_layer.cu compare
         if args.fused_only:
             rows.append(row)
             continue

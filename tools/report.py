@@ -117,7 +117,9 @@ def attention_markdown(result):
 
 def case_label(r):
     """A timed case's column heading in A/B tables: 'B1 L4096' (decode attention), 'prefill B1
-    L4096', '2560×2560 N1' (GEMV), else the row's op."""
+    L4096', '2560×2560 N1' (GEMV), 'step, context 1024' (bench_decode), else the row's op."""
+    if "context" in r:
+        return f"step, context {r['context']}"
     if "L" in r:
         return f"{r['kind'] + ' ' if r['kind'] != 'decode' else ''}B{r['B']} L{r['L']}"
     if "M" in r:

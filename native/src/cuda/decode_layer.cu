@@ -44,15 +44,23 @@ constexpr int kChunksPerLoad = 10;    /* 16-byte weight chunks a lane holds at o
 constexpr int kNormBatch = 4;         /* 16-byte loads per thread in flight in a norm */
 constexpr int kPrefetchPiece = 4096;  /* bytes per L2 bulk prefetch */
 
-/* Built with -DBN_DECODE_LAYER_STAGES=n (1 .. 6), the kernel stops after stage n: the time of the
- * stages up to n, for measuring where a layer's time goes (the output is then incomplete). */
-#ifndef BN_DECODE_LAYER_STAGES
-#define BN_DECODE_LAYER_STAGES 6
-#endif
-/* Built with -DBN_DECODE_LAYER_BARRIERS=0, the grid barriers are left out (wrong values): against
- * the default build, the time the five barriers of a layer take. */
-#ifndef BN_DECODE_LAYER_BARRIERS
-#define BN_DECODE_LAYER_BARRIERS 1
+/* A build with -DBITNET_TIMELINE (tools/dev/decode_timeline.py build) stamps %globaltimer in thread
+ * 0 of every block at the stage boundaries (STAMP(s), after a block barrier), launch n's stamps in
+ * g_layer_stamps[n % kStampCalls]; tools/dev/decode_layer_timeline.py reads them through
+ * bitnet_decode_layer_timeline. The default build compiles the stamps to nothing. */
+#ifdef BITNET_TIMELINE
+constexpr int kStamps = 17, kStampCalls = 64, kStampBlocks = 192;
+__device__ unsigned long long g_layer_stamps[kStampCalls][kStampBlocks][kStamps];
+__device__ unsigned g_layer_tickets;
+#define STAMP(s)                                                                                   \
+    do {                                                                                           \
+        __syncthreads();                                                                           \
+        unsigned long long now;                                                                    \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));                                   \
+        if (threadIdx.x == 0 && blockIdx.x < kStampBlocks) g_layer_stamps[stamp_call][blockIdx.x][s] = now; \
+    } while (0)
+#else
+#define STAMP(s)
 #endif
 
 template <typename T> struct LayerArgs {
@@ -486,6 +494,13 @@ __global__ __launch_bounds__(kThreads, 1) void decode_layer_kernel(const LayerAr
     cg::grid_group grid = cg::this_grid();
     const int p = *a.position;
     if (p < 0 || p >= a.C) return; /* every block returns: no barrier is left waiting */
+#ifdef BITNET_TIMELINE
+    __shared__ unsigned stamp_call_shared;
+    if (threadIdx.x == 0) stamp_call_shared = atomicAdd(&g_layer_tickets, 1u) / gridDim.x % kStampCalls;
+    __syncthreads();
+    const unsigned stamp_call = stamp_call_shared;
+#endif
+    STAMP(0);
 
     const int G = a.Hq / a.Hkv, Q = a.Hq * a.D, KV = a.Hkv * a.D;
     const int K_max = max(max(a.H, a.I), Q), tile_vectors = kTile * a.D / 8;
@@ -527,37 +542,48 @@ __global__ __launch_bounds__(kThreads, 1) void decode_layer_kernel(const LayerAr
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char *>(a.v_cache) + offset));
             }
     }
+    STAMP(1);
 
     /* 1. norm, QKV */
     Codes x = norm_codes(a.h, a.attn_norm, a.H, a.eps, x_tile, v_stage, scratch);
+    STAMP(2);
     gemv_stage(a.w_qkv, a.s_qkv, Q + 2 * KV, a.H, x_tile, x,
                [&](int row, float value) { a.qkv[row] = from_float<T>(value); });
-    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
-    if (BN_DECODE_LAYER_STAGES < 2) return;
+    STAMP(3);
+    grid.sync();
+    STAMP(4);
 
     /* 2. attention partials; 3. their combination */
     if (attends) attention_unit(a, p, sm);
-    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
-    if (BN_DECODE_LAYER_STAGES < 3) return;
+    STAMP(5);
+    grid.sync();
+    STAMP(6);
     combine(a, p);
-    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
-    if (BN_DECODE_LAYER_STAGES < 4) return;
+    STAMP(7);
+    grid.sync();
+    STAMP(8);
 
     /* 4. sub-norm, o, residual */
     x = norm_codes(a.attn, a.attn_sub_norm, Q, a.attn_sub_eps, x_tile, v_stage, scratch);
+    STAMP(9);
     gemv_stage(a.w_o, a.s_o, a.H, Q, x_tile, x, [&](int row, float value) { add_to_h(a, row, value); });
-    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
-    if (BN_DECODE_LAYER_STAGES < 5) return;
+    STAMP(10);
+    grid.sync();
+    STAMP(11);
 
     /* 5. norm, gate|up, the GLU's gate */
     x = norm_codes(a.h, a.ffn_norm, a.H, a.eps, x_tile, v_stage, scratch);
+    STAMP(12);
     glu_stage<ACT>(a, x_tile, x);
-    if (BN_DECODE_LAYER_BARRIERS) grid.sync();
-    if (BN_DECODE_LAYER_STAGES < 6) return;
+    STAMP(13);
+    grid.sync();
+    STAMP(14);
 
     /* 6. sub-norm, down, residual */
     x = norm_codes(a.glu, a.ffn_sub_norm, a.I, a.ffn_sub_eps, x_tile, v_stage, scratch);
+    STAMP(15);
     gemv_stage(a.w_down, a.s_down, a.H, a.I, x_tile, x, [&](int row, float value) { add_to_h(a, row, value); });
+    STAMP(16);
 }
 
 int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -664,6 +690,16 @@ cudaError_t launch(const LayerArgs<T> &a, int32_t activation, int blocks, size_t
 }
 
 } // namespace
+
+#ifdef BITNET_TIMELINE
+extern "C" int bitnet_decode_layer_timeline(void *stamps, unsigned *tickets) {
+    cudaError_t status = cudaMemcpyFromSymbol(tickets, g_layer_tickets, sizeof *tickets);
+    if (status == cudaSuccess) status = cudaMemcpyFromSymbol(stamps, g_layer_stamps, sizeof g_layer_stamps);
+    unsigned zero = 0;
+    if (status == cudaSuccess) status = cudaMemcpyToSymbol(g_layer_tickets, &zero, sizeof zero);
+    return (int)status;
+}
+#endif
 
 bitnet_status bn_cuda_decode_layer_workspace_size(int32_t device, int32_t dtype,
                                                   const bitnet_decode_layer_config *c, int64_t *bytes) {
