@@ -4,7 +4,9 @@ GPU: 2B4T shapes, batch 1, the KV cache filled to each context length by a prefi
 CUDA graph timed by replays (Session.time_decode), the per-op breakdown of each, and whether the
 two give the same greedy tokens over --tokens steps from the same prompt.
     python tools/bench_decode.py [--contexts 1024 4096] [--layers 30] [--tokens 32] [--json out]
-        [--fused-only]
+        [--fused-only | --unfused-only]
+A row's "us" is the fused step's µs, or with --unfused-only the op sequence's (for
+tools/dev/ab_variants.sh's table).
 """
 import argparse
 import json
@@ -25,8 +27,11 @@ def main():
     parser.add_argument("--layers", type=int, default=BITNET_2B4T.layers)
     parser.add_argument("--tokens", type=int, default=32, help="greedy steps compared")
     parser.add_argument("--device", type=int, default=0)
-    parser.add_argument("--fused-only", action="store_true",
-                        help="time the fused step alone (no comparison)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--fused-only", action="store_true",
+                      help="time the fused step alone (no comparison)")
+    only.add_argument("--unfused-only", action="store_true",
+                      help="time the op sequence alone (no comparison)")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     config = Config(**{**BITNET_2B4T.__dict__, "layers": args.layers})
@@ -36,7 +41,7 @@ def main():
         prompt = np.random.default_rng(context).integers(0, config.vocab, (1, context - 1))
         row = {"context": context, "layers": args.layers}
         tokens = {}
-        for fused in (True,) if args.fused_only else (False, True):
+        for fused in (True,) if args.fused_only else (False,) if args.unfused_only else (False, True):
             name = "fused" if fused else "unfused"
             session = Session(weights, 1, context + args.tokens + REPLAYS + 1, args.device,
                               fused=fused)
@@ -47,8 +52,8 @@ def main():
             print(f"context {context}, {name}: {step_ms:.3f} ms per step; "
                   + ", ".join(f"{k} {v:.3f}" for k, v in op_ms.items() if v > 0.0005), flush=True)
             del session
-        row["us"] = row["fused"]["step_ms"] * 1000.0  # what A/B tables of decode_layer.cu compare
-        if args.fused_only:
+        row["us"] = row["unfused" if args.unfused_only else "fused"]["step_ms"] * 1000.0
+        if args.fused_only or args.unfused_only:
             rows.append(row)
             continue
         same = next((i for i, (a, b) in enumerate(zip(tokens["fused"], tokens["unfused"]))
