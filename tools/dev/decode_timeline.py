@@ -5,7 +5,8 @@ state of back-to-back calls as bench_attention.py times them.
     python tools/dev/decode_timeline.py run 4096 1024     # on the GPU machine, after build
 
 `build` compiles the library with -DBITNET_TIMELINE, which turns on the hooks of
-native/src/cuda/timeline.cuh in attention_decode.cu (the default build compiles them to nothing):
+native/src/cuda/timeline.cuh in attention_decode.cu (the default build compiles them to nothing;
+the same build serves tools/dev/decode_layer_timeline.py):
 thread 0 of every block of the cluster kernels stamps its start, the PDL wait's return, tiles 0,
 1, 2 and the last in shared memory (the key loop's barrier), the loop's end, the warps' combine
 and pushes, every partial landed in its inbox, and its outputs stored. `run` times B = 1 decode
