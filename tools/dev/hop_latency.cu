@@ -12,6 +12,11 @@
  *                    st.release.gpu; threads 0 .. blocks-1 poll one flag each with ld.acquire.gpu;
  *                    block barrier (a barrier with no atomic and no single hot address)
  *   flags + slots    the slots of "counter + slots" with the flags' barrier
+ *   GEMV stage       a 2560 x 2560 packed-ternary GEMV stage in the design of 2026-11-27-37: each
+ *                    warp loads its rows' weights (an L2-resident matrix) into registers before the
+ *                    wait; after the counter, every block reads the previous round's output (2560
+ *                    float32) and the 132 blocks' max slots, quantizes it to int8 codes in shared
+ *                    memory, takes its rows' dp4a dots, stores them and its max slot
  *   L2 chase         one thread's dependent loads through an L2-resident ring (L2 hit latency)
  *     nvcc -O3 -arch=sm_90 -o /tmp/hop_latency tools/dev/hop_latency.cu && /tmp/hop_latency */
 #include <cooperative_groups.h>
@@ -87,6 +92,79 @@ template <bool FLAGS> __global__ void slot_rounds(unsigned *sync, float2 *slots,
     if (threadIdx.x == 0) sink[blockIdx.x] = total;
 }
 
+constexpr int kM = 2560, kK = 2560, kChunks = kK / 64; /* 16-byte chunks of 64 weights a row */
+
+/* rounds alternate between the two halves of y [2][kM] and slots [2][gridDim.x] */
+/* READ: the previous round's output read and quantized (else codes of zeros); DOT: the dots taken
+ * (else the rows' outputs are their weights' first words); the two off are parts of the stage left
+ * out, to see what each costs. */
+template <bool READ, bool DOT>
+__global__ void gemv_rounds(unsigned *counters, const uint4 *w, float *y, float *slots, float *sink) {
+    __shared__ int8_t codes[kK];
+    __shared__ float partial[kThreads / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = gridDim.x * (kThreads / 32);
+    const int global_warp = blockIdx.x * (kThreads / 32) + warp;
+    float checksum = 0.0f;
+    for (int i = 0; i < kIters; i++) {
+        /* this warp's rows (global_warp, + warps) and its lane's chunks (lane, lane + 32) */
+        uint4 held[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int row = global_warp + r * warps, chunk = lane + 32 * c;
+                held[r][c] = row < kM && chunk < kChunks ? __ldcg(w + (size_t)row * kChunks + chunk) : make_uint4(0, 0, 0, 0);
+            }
+        counter_wait(counters + i);
+        const float *y_in = y + (size_t)((i + 1) % 2) * kM, *slots_in = slots + (size_t)((i + 1) % 2) * gridDim.x;
+        float v[kK / kThreads], max_v = threadIdx.x < (int)gridDim.x ? __ldcg(slots_in + threadIdx.x) : 0.0f;
+#pragma unroll
+        for (int e = 0; e < kK / kThreads; e++) v[e] = READ ? __ldcg(y_in + e * kThreads + threadIdx.x) : 0.0f;
+        for (int o = 16; o > 0; o /= 2) max_v = fmaxf(max_v, __shfl_xor_sync(~0u, max_v, o));
+        if (lane == 0) partial[warp] = max_v;
+        __syncthreads();
+        for (int k = 0; k < kThreads / 32; k++) max_v = fmaxf(max_v, partial[k]);
+        const float scale = 127.0f / fmaxf(max_v, 1e-5f);
+#pragma unroll
+        for (int e = 0; e < kK / kThreads; e++) codes[e * kThreads + threadIdx.x] = (int8_t)rintf(v[e] * scale);
+        __syncthreads();
+        float block_max = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int acc = DOT ? 0 : (int)held[r][0].x;
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int chunk = lane + 32 * c;
+                if (!DOT || chunk >= kChunks) break;
+                const uint32_t word[4] = {held[r][c].x, held[r][c].y, held[r][c].z, held[r][c].w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int4 x = *reinterpret_cast<const int4 *>(codes + chunk * 64 + q * 16);
+                    acc = __dp4a((int)(word[q] & 0x03030303u), x.x, acc);
+                    acc = __dp4a((int)((word[q] >> 2) & 0x03030303u), x.y, acc);
+                    acc = __dp4a((int)((word[q] >> 4) & 0x03030303u), x.z, acc);
+                    acc = __dp4a((int)((word[q] >> 6) & 0x03030303u), x.w, acc);
+                }
+            }
+            for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(~0u, acc, o);
+            const int row = global_warp + r * warps;
+            const float out = (float)acc / (scale * 64.0f);
+            if (lane == 0 && row < kM) y[(size_t)(i % 2) * kM + row] = out;
+            block_max = fmaxf(block_max, row < kM ? fabsf(out) : 0.0f);
+        }
+        __syncthreads(); /* partial is reused */
+        if (lane == 0) partial[warp] = block_max;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float m = 0.0f;
+            for (int k = 0; k < kThreads / 32; k++) m = fmaxf(m, partial[k]);
+            slots[(size_t)(i % 2) * gridDim.x + blockIdx.x] = m;
+            checksum += m;
+        }
+    }
+    if (threadIdx.x == 0) sink[blockIdx.x] = checksum;
+}
+
 __global__ void chase(const unsigned *ring, unsigned *sink) {
     unsigned at = 0;
     for (int i = 0; i < kIters; i++) at = __ldcg(ring + at);
@@ -150,6 +228,24 @@ int main() {
         cudaMemsetAsync(counters, 0, sync_bytes);
         cooperative((void *)slot_rounds<true>, slot_args);
     });
+    uint4 *weights;
+    float *y, *y_slots;
+    cudaMalloc(&weights, (size_t)kM * kChunks * sizeof(uint4));
+    cudaMemset(weights, 0x55, (size_t)kM * kChunks * sizeof(uint4));
+    cudaMalloc(&y, 2 * kM * sizeof(float));
+    cudaMalloc(&y_slots, 2 * sms * sizeof(float));
+    void *gemv_args[] = {&counters, &weights, &y, &y_slots, &sink_f};
+    auto gemv_us = [&](void *kernel) {
+        return median_us([&] {
+            cudaMemsetAsync(counters, 0, sizeof(unsigned) * kIters);
+            cudaMemsetAsync(y, 0, 2 * kM * sizeof(float));
+            cudaMemsetAsync(y_slots, 0, 2 * sms * sizeof(float));
+            cooperative(kernel, gemv_args);
+        });
+    };
+    const float stage_us = gemv_us((void *)gemv_rounds<true, true>);
+    const float no_read_us = gemv_us((void *)gemv_rounds<false, true>);
+    const float no_dot_us = gemv_us((void *)gemv_rounds<true, false>);
     const float chase_us = median_us([&] { chase<<<1, 1>>>(ring, sink_u); });
     const cudaError_t status = cudaDeviceSynchronize();
     if (status != cudaSuccess) {
@@ -162,7 +258,8 @@ int main() {
            "of their sync array)\n", prop.name, sms, kThreads, kIters);
     printf("| case | µs a round |\n| --- | --- |\n");
     printf("| grid.sync | %.3f |\n| counter | %.3f |\n| counter + slots | %.3f |\n| flags | %.3f |\n"
-           "| flags + slots | %.3f |\n| L2 chase (one load) | %.3f |\n",
-           sync_us, counter_us, slot_us, flag_us, flag_slot_us, chase_us);
+           "| flags + slots | %.3f |\n| GEMV stage | %.3f |\n| GEMV stage, no read of the input | %.3f |\n"
+           "| GEMV stage, no dots | %.3f |\n| L2 chase (one load) | %.3f |\n",
+           sync_us, counter_us, slot_us, flag_us, flag_slot_us, stage_us, no_read_us, no_dot_us, chase_us);
     return 0;
 }
