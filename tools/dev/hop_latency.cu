@@ -16,7 +16,8 @@
  *                    warp loads its rows' weights (an L2-resident matrix) into registers before the
  *                    wait; after the counter, every block reads the previous round's output (2560
  *                    float32) and the 132 blocks' max slots, quantizes it to int8 codes in shared
- *                    memory, takes its rows' dp4a dots, stores them and its max slot
+ *                    memory, takes its rows' dp4a dots, stores them and its max slot; variants
+ *                    leave parts out or change the dot's shape (gemv_rounds)
  *   L2 chase         one thread's dependent loads through an L2-resident ring (L2 hit latency)
  *     nvcc -O3 -arch=sm_90 -o /tmp/hop_latency tools/dev/hop_latency.cu && /tmp/hop_latency */
 #include <cooperative_groups.h>
@@ -94,25 +95,34 @@ template <bool FLAGS> __global__ void slot_rounds(unsigned *sync, float2 *slots,
 
 constexpr int kM = 2560, kK = 2560, kChunks = kK / 64; /* 16-byte chunks of 64 weights a row */
 
-/* rounds alternate between the two halves of y [2][kM] and slots [2][gridDim.x] */
+/* Byte offset of 16-byte piece q of chunk c of the codes in shared memory: gemv_dp4a.cuh's
+ * x_offset (SWIZZLE), or plain. */
+template <bool SWIZZLE> __device__ __forceinline__ int code_offset(int c, int q) {
+    return c * 64 + 16 * (SWIZZLE ? q ^ ((c >> 1) & 3) : q);
+}
+
 /* READ: the previous round's output read and quantized (else codes of zeros); DOT: the dots taken
  * (else the rows' outputs are their weights' first words); the two off are parts of the stage left
- * out, to see what each costs. */
-template <bool READ, bool DOT>
+ * out, to see what each costs. LANES lanes a row; FAST: 4 accumulators (the codes masked in place,
+ * as gemv_w2a8.cu's one-token kernel) and swizzled codes, else one chain and plain codes.
+ * Rounds alternate between the two halves of y [2][kM] and slots [2][gridDim.x]. */
+template <bool READ, bool DOT, int LANES, bool FAST>
 __global__ void gemv_rounds(unsigned *counters, const uint4 *w, float *y, float *slots, float *sink) {
-    __shared__ int8_t codes[kK];
+    constexpr int kRowsPerWarp = 32 / LANES, kChunksPerLane = (kChunks + LANES - 1) / LANES;
+    constexpr int kPasses = LANES == 32 ? 2 : 1; /* rows over the grid's 132 x 16 warps */
+    __shared__ alignas(16) int8_t codes[kK];
     __shared__ float partial[kThreads / 32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = gridDim.x * (kThreads / 32);
-    const int global_warp = blockIdx.x * (kThreads / 32) + warp;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LANES;
+    const int warps = gridDim.x * (kThreads / 32), global_warp = blockIdx.x * (kThreads / 32) + warp;
+    auto row_of = [&](int pass) { return (global_warp + pass * warps) * kRowsPerWarp + lane / LANES; };
     float checksum = 0.0f;
     for (int i = 0; i < kIters; i++) {
-        /* this warp's rows (global_warp, + warps) and its lane's chunks (lane, lane + 32) */
-        uint4 held[2][2];
+        uint4 held[kPasses][kChunksPerLane];
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+        for (int r = 0; r < kPasses; r++)
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int row = global_warp + r * warps, chunk = lane + 32 * c;
+            for (int c = 0; c < kChunksPerLane; c++) {
+                const int row = row_of(r), chunk = sub + LANES * c;
                 held[r][c] = row < kM && chunk < kChunks ? __ldcg(w + (size_t)row * kChunks + chunk) : make_uint4(0, 0, 0, 0);
             }
         counter_wait(counters + i);
@@ -126,32 +136,44 @@ __global__ void gemv_rounds(unsigned *counters, const uint4 *w, float *y, float 
         for (int k = 0; k < kThreads / 32; k++) max_v = fmaxf(max_v, partial[k]);
         const float scale = 127.0f / fmaxf(max_v, 1e-5f);
 #pragma unroll
-        for (int e = 0; e < kK / kThreads; e++) codes[e * kThreads + threadIdx.x] = (int8_t)rintf(v[e] * scale);
+        for (int e = 0; e < kK / kThreads; e++) {
+            const int k = e * kThreads + threadIdx.x;
+            codes[code_offset<FAST>(k / 64, k % 64 / 16) + k % 16] = (int8_t)rintf(v[e] * scale);
+        }
         __syncthreads();
         float block_max = 0.0f;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            int acc = DOT ? 0 : (int)held[r][0].x;
+        for (int r = 0; r < kPasses; r++) {
+            int acc[4] = {DOT ? 0 : (int)held[r][0].x, 0, 0, 0};
 #pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int chunk = lane + 32 * c;
+            for (int c = 0; c < kChunksPerLane; c++) {
+                const int chunk = sub + LANES * c;
                 if (!DOT || chunk >= kChunks) break;
                 const uint32_t word[4] = {held[r][c].x, held[r][c].y, held[r][c].z, held[r][c].w};
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    const int4 x = *reinterpret_cast<const int4 *>(codes + chunk * 64 + q * 16);
-                    acc = __dp4a((int)(word[q] & 0x03030303u), x.x, acc);
-                    acc = __dp4a((int)((word[q] >> 2) & 0x03030303u), x.y, acc);
-                    acc = __dp4a((int)((word[q] >> 4) & 0x03030303u), x.z, acc);
-                    acc = __dp4a((int)((word[q] >> 6) & 0x03030303u), x.w, acc);
+                    const int4 x = *reinterpret_cast<const int4 *>(codes + code_offset<FAST>(chunk, q));
+                    if (FAST) {
+                        acc[0] = __dp4a((int)(word[q] & 0x03030303u), x.x, acc[0]);
+                        acc[1] = __dp4a((int)(word[q] & 0x0C0C0C0Cu), x.y, acc[1]);
+                        acc[2] = __dp4a((int)(word[q] & 0x30303030u), x.z, acc[2]);
+                        acc[3] = __dp4a((int)(word[q] & 0xC0C0C0C0u), x.w, acc[3]);
+                    } else {
+                        acc[0] = __dp4a((int)(word[q] & 0x03030303u), x.x, acc[0]);
+                        acc[0] = __dp4a((int)((word[q] >> 2) & 0x03030303u), x.y, acc[0]);
+                        acc[0] = __dp4a((int)((word[q] >> 4) & 0x03030303u), x.z, acc[0]);
+                        acc[0] = __dp4a((int)((word[q] >> 6) & 0x03030303u), x.w, acc[0]);
+                    }
                 }
             }
-            for (int o = 16; o > 0; o /= 2) acc += __shfl_xor_sync(~0u, acc, o);
-            const int row = global_warp + r * warps;
-            const float out = (float)acc / (scale * 64.0f);
-            if (lane == 0 && row < kM) y[(size_t)(i % 2) * kM + row] = out;
+            int dot = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
+            for (int o = LANES / 2; o > 0; o /= 2) dot += __shfl_xor_sync(~0u, dot, o);
+            const int row = row_of(r);
+            const float out = (float)dot / (scale * 64.0f);
+            if (sub == 0 && row < kM) y[(size_t)(i % 2) * kM + row] = out;
             block_max = fmaxf(block_max, row < kM ? fabsf(out) : 0.0f);
         }
+        for (int o = 16; o >= LANES; o /= 2) block_max = fmaxf(block_max, __shfl_xor_sync(~0u, block_max, o));
         __syncthreads(); /* partial is reused */
         if (lane == 0) partial[warp] = block_max;
         __syncthreads();
@@ -243,9 +265,12 @@ int main() {
             cooperative(kernel, gemv_args);
         });
     };
-    const float stage_us = gemv_us((void *)gemv_rounds<true, true>);
-    const float no_read_us = gemv_us((void *)gemv_rounds<false, true>);
-    const float no_dot_us = gemv_us((void *)gemv_rounds<true, false>);
+    const float stage_us = gemv_us((void *)gemv_rounds<true, true, 32, false>);
+    const float no_read_us = gemv_us((void *)gemv_rounds<false, true, 32, false>);
+    const float no_dot_us = gemv_us((void *)gemv_rounds<true, false, 32, false>);
+    const float fast32_us = gemv_us((void *)gemv_rounds<true, true, 32, true>);
+    const float fast8_us = gemv_us((void *)gemv_rounds<true, true, 8, true>);
+    const float fast8_no_dot_us = gemv_us((void *)gemv_rounds<true, false, 8, true>);
     const float chase_us = median_us([&] { chase<<<1, 1>>>(ring, sink_u); });
     const cudaError_t status = cudaDeviceSynchronize();
     if (status != cudaSuccess) {
@@ -259,7 +284,10 @@ int main() {
     printf("| case | µs a round |\n| --- | --- |\n");
     printf("| grid.sync | %.3f |\n| counter | %.3f |\n| counter + slots | %.3f |\n| flags | %.3f |\n"
            "| flags + slots | %.3f |\n| GEMV stage | %.3f |\n| GEMV stage, no read of the input | %.3f |\n"
-           "| GEMV stage, no dots | %.3f |\n| L2 chase (one load) | %.3f |\n",
-           sync_us, counter_us, slot_us, flag_us, flag_slot_us, stage_us, no_read_us, no_dot_us, chase_us);
+           "| GEMV stage, no dots | %.3f |\n| GEMV stage, 4 accumulators, swizzled codes | %.3f |\n"
+           "| GEMV stage, 4 accumulators, swizzled codes, 8 lanes a row | %.3f |\n"
+           "| the same, no dots | %.3f |\n| L2 chase (one load) | %.3f |\n",
+           sync_us, counter_us, slot_us, flag_us, flag_slot_us, stage_us, no_read_us, no_dot_us,
+           fast32_us, fast8_us, fast8_no_dot_us, chase_us);
     return 0;
 }
