@@ -36,12 +36,13 @@ def main():
     args = parser.parse_args()
     config = Config(**{**BITNET_2B4T.__dict__, "layers": args.layers})
     weights = random_weights(config, args.device, seed=0)
+    paths = (True,) if args.fused_only else (False,) if args.unfused_only else (False, True)
     rows = []
     for context in args.contexts:
         prompt = np.random.default_rng(context).integers(0, config.vocab, (1, context - 1))
         row = {"context": context, "layers": args.layers}
         tokens = {}
-        for fused in (True,) if args.fused_only else (False,) if args.unfused_only else (False, True):
+        for fused in paths:
             name = "fused" if fused else "unfused"
             session = Session(weights, 1, context + args.tokens + REPLAYS + 1, args.device,
                               fused=fused)
@@ -53,7 +54,7 @@ def main():
                   + ", ".join(f"{k} {v:.3f}" for k, v in op_ms.items() if v > 0.0005), flush=True)
             del session
         row["us"] = row["unfused" if args.unfused_only else "fused"]["step_ms"] * 1000.0
-        if args.fused_only or args.unfused_only:
+        if len(paths) == 1:
             rows.append(row)
             continue
         same = next((i for i, (a, b) in enumerate(zip(tokens["fused"], tokens["unfused"]))
