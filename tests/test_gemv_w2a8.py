@@ -113,7 +113,7 @@ def test_cpu_isa_selection():
 # 2 to 8 tokens take the blocks of 5 and 6 warps (plan_mma8); M is not a multiple of 16.
 @pytest.mark.parametrize("M,K", PROJECTIONS_2B4T + [(1, 128), (7, 384), (333, 27648), (7777, 2560),
                                  (6500, 2944)])
-@pytest.mark.parametrize("N", [1, 3, 8, 16, 33])
+@pytest.mark.parametrize("N", [1, 3, 8, 9, 16, 33])
 def test_gemv_gpu_matches_cpu(rng, M, K, N):
     torch = pytest.importorskip("torch")
     tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, M, K, N)
@@ -129,7 +129,7 @@ def test_gemv_gpu_matches_cpu(rng, M, K, N):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,K", [(55296, 5120), (5120, 27648), (20480, 3200)])
-@pytest.mark.parametrize("N", [1, 8])
+@pytest.mark.parametrize("N", [1, 8, 40])
 def test_gemv_gpu_large_shapes_int32(rng, M, K, N):
     torch = pytest.importorskip("torch")
     tw, tw_cpu, x_gpu, xs_gpu, x_q, x_scales = torch_problem(torch, rng, M, K, N)
