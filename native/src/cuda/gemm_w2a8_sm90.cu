@@ -1,8 +1,10 @@
 /* CUDA W2A8 GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a; built for that target
  * alone, see the Makefile): y[n, m] = dot(x_q[n], W_q[m]) * w_scales[m] / x_scales[n].
  * - A block owns 128 tokens x ROWS weight rows (128 or 256); two warpgroups of ROWS / 2 rows each. K
- *   goes by tiles of 128: cp.async copies the packed weights (ROWS x 32 bytes) and x (128 x 128 bytes,
- *   rows swizzled by 16-byte chunks: the 128-byte swizzle that wgmma reads) into shared-memory stages.
+ *   goes by tiles of 128: thread 0 has the tensor memory accelerator (TMA) copy the packed weights
+ *   (ROWS x 32 bytes, the 32-byte swizzle) and x (128 x 128 bytes, the 128-byte swizzle that wgmma
+ *   reads) into shared-memory stages, each stage's arrival counted by an mbarrier; rows past M and
+ *   tokens past N arrive as zeros.
  * - wgmma m64n128k32: A = the weights from registers, B = x from shared memory (descriptor). Lane (g,
  *   t) of warp w holds k = 4t..4t+3 (+16) of rows 16w + g (+8) of a 64-row tile: packed word 2s (2s + 1)
  *   of the row at shift t (docs/weight_format.md), turned into W_q = code - 1 as signed bytes by
@@ -15,6 +17,8 @@
  * Launched by bn_cuda_gemm_w2a8 (gemm_w2a8.cu) on compute capability 9.0 for large problems.
  * Measured numbers: docs/gemm.md. */
 #include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <type_traits>
 
 #include "common.cuh"
@@ -65,6 +69,19 @@ __device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], u
 /* Descriptor of a K-major x tile of rows of 128 bytes, starting `address` (1024-aligned, plus 32 s for
  * k32 step s). */
 __device__ __forceinline__ uint64_t x_descriptor(uint32_t address) { return swizzle128_descriptor(address, 16, 1024); }
+
+/* The tensor memory accelerator: a 2-D box of bytes global -> shared memory, completing `landed`'s
+ * transaction count; the box's shared-memory layout is the tensor map's swizzle. */
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int inner, int row, uint32_t landed) {
+    BN_SM90A_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+                 "[%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(inner), "r"(row), "r"(landed)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wait_phase(uint32_t barrier, uint32_t parity) {
+    BN_SM90A_ASM("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n"
+                 ::"r"(barrier), "r"(parity) : "memory");
+}
 
 /* W_q of 4 consecutive weights as signed bytes: shift `shift` of a packed word. */
 __device__ __forceinline__ uint32_t signed_codes(uint32_t word, int shift) {
@@ -159,7 +176,9 @@ __device__ bool gather_pieces(const Remainder &rem, int (&acc)[MT][64]) {
  * b % (tiles in the group) and row tile b / (tiles in the group). */
 template <int MT, int STAGES, int SPLIT, bool PIECES>
 __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector,
-                                                                     const Remainder rem) {
+                                                                     const Remainder rem,
+                                                                     const __grid_constant__ CUtensorMap x_map,
+                                                                     const __grid_constant__ CUtensorMap w_map) {
     using S = Shape<MT, STAGES>;
     constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes;
     extern __shared__ int4 shared[];
@@ -184,29 +203,27 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     const int row0 = in_group / group_tiles * S::kRows;
     const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / parts);
     const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / parts) - kt0;
-    const int64_t w_row_bytes = a.K / 4;
 
+    /* landed[s]: the stage's tile has arrived (one phase per tile: tile kt in phase kt / kStages). */
+    __shared__ alignas(8) uint64_t landed[kStages];
+    const uint32_t landed0 = shared_address(landed);
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; s++) BN_SM90A_ASM("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(landed0 + 8 * s));
+        BN_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
     bn_pdl_wait();
 
-    /* Thread tid copies x rows tid / 8 + 32 j (chunk tid % 8) and weight rows tid / 2 + 128 j. */
-    const int x_r = tid / 8, x_c = tid % 8, w_n = tid / 2, w_h = tid % 2;
-    const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + kt0 * kTileK + x_c * 16;
-    const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + kt0 * kTileKBytesW + w_h * 16;
-    const int x_dst = x_tile_offset(x_r, x_c), w_dst = kXBytes + w_tile_offset(w_n, w_h);
+    /* Thread 0 requests a stage: x (128 tokens x 128 bytes, the 128-byte swizzle) and the weights
+     * (kRows x 32 bytes, the 32-byte swizzle: w_tile_offset); rows past N and M arrive as zeros. */
     auto load_stage = [&](int s, int kt) {
-        const uint32_t base = smem_base + s * kStageBytes;
-#pragma unroll
-        for (int j = 0; j < kXBytes / 16 / kThreads; j++) {
-            const bool valid = token0 + x_r + 32 * j < a.N;
-            copy16(base + x_dst + j * 32 * 128, valid ? x_src + static_cast<int64_t>(32 * j) * a.K + kt * kTileK : a.x,
-                   valid);
-        }
-#pragma unroll
-        for (int j = 0; j < S::kWBytes / 16 / kThreads; j++) {
-            const bool valid = row0 + w_n + 128 * j < a.M;
-            copy16(base + w_dst + j * 128 * 32, valid ? w_src + 128 * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
-        }
+        const uint32_t base = smem_base + s * kStageBytes, bar = landed0 + 8 * s;
+        BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(kStageBytes) : "memory");
+        tma_load(base, x_map, (kt0 + kt) * kTileK, token0, bar);
+        tma_load(base + kXBytes, w_map, (kt0 + kt) * kTileKBytesW, row0, bar);
     };
+    auto wait_tile = [&](int kt) { wait_phase(landed0 + 8 * (kt % kStages), (kt / kStages) & 1); };
 
     /* This lane's weight rows: tile mt (64 rows) of its warpgroup, rows r and r + 8. */
     const int a_row = warpgroup * 64 * MT + warp_in_group * 16 + g;
@@ -236,16 +253,13 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     int acc[MT][64] = {};
     uint32_t af[2][MT][4][4]; /* [kt % 2]: tile kt + 1's fragments are made while the tensor cores run
                                  tile kt's (compile-time index: the loop goes by two tiles) */
-    /* Stage s holds tiles s + kStages j; the stage of tile -1 (kStages - 1) starts empty. Copy groups:
-     * one per tile, tile j in group j. */
+    /* Stage s holds tiles s + kStages j; the stage of tile -1 (kStages - 1) starts empty. */
+    if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; s++) {
-        if (s < k_tiles) load_stage(s, s);
-        copy_commit();
+        for (int s = 0; s < kStages - 1; s++)
+            if (s < k_tiles) load_stage(s, s);
     }
-    copy_wait<kStages - 2>();
-    fence_async_shared();
-    __syncthreads();
+    wait_tile(0);
     expand(af[0], 0);
     /* Tile kt: its wgmmas are issued (one commit group) while tile kt - 1's may still run; once those
      * are done in this warpgroup (wait_group 1), af[(kt - 1) % 2] is free; the barrier that follows
@@ -263,11 +277,9 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
         wgmma_commit();
         wgmma_wait<1>();
         if (kt + 1 < k_tiles) {
-            copy_wait<kStages - 3>(); /* groups 0 .. kt + kStages - 2 committed: tile kt + 1 landed */
-            fence_async_shared();
+            wait_tile(kt + 1);
             __syncthreads();
-            if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
-            copy_commit();
+            if (tid == 0 && kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
             expand(af[c ^ 1], kt + 1);
         }
     };
@@ -276,7 +288,6 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
         if (kt + 1 < k_tiles) run_tile(std::integral_constant<int, 1>(), kt + 1);
     }
     wgmma_wait<0>();
-    copy_wait<0>();
     bn_pdl_launch_dependents();
     if (PIECES && static_cast<int>(blockIdx.x) >= rem.full_tiles && !gather_pieces<MT>(rem, acc)) return;
 
@@ -364,6 +375,29 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     }
 }
 
+/* A tensor map of `rows` rows of `row_bytes` bytes at `base`, boxes of box_rows x box_bytes. */
+bitnet_status tensor_map(CUtensorMap *map, const void *base, int64_t rows, int64_t row_bytes, uint32_t box_rows,
+                         uint32_t box_bytes, CUtensorMapSwizzle swizzle) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
+                               cudaSuccess && found == cudaDriverEntryPointSuccess
+                   ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+                   : nullptr;
+    }();
+    if (encode == nullptr) return bn_fail(BITNET_ERR_CUDA, "bitnet_gemv_w2a8: the driver has no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+    const cuuint32_t box[2] = {box_bytes, box_rows}, steps[2] = {1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box, steps,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return bn_fail(BITNET_ERR_CUDA, "bitnet_gemv_w2a8: cuTensorMapEncodeTiled failed (CUresult %d)", (int)r);
+    return BITNET_OK;
+}
+
 template <int MT, int STAGES, int SPLIT, bool PIECES = false>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
                      Remainder rem = {INT32_MAX, 1, nullptr, nullptr}) {
@@ -376,8 +410,11 @@ bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
     const int64_t tiles = bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows);
     const dim3 grid(rem.full_tiles < tiles ? rem.full_tiles + (tiles - rem.full_tiles) * rem.pieces
                                            : tiles * SPLIT);
+    CUtensorMap x_map, w_map;
+    BN_TRY(tensor_map(&x_map, a.x, a.N, a.K, kTokens, kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
+    BN_TRY(tensor_map(&w_map, a.w, a.M, a.K / 4, S::kRows, kTileKBytesW, CU_TENSOR_MAP_SWIZZLE_32B));
     BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector,
-                                      rem));
+                                      rem, x_map, w_map));
     return BITNET_OK;
 }
 
