@@ -213,16 +213,26 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
         BN_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    bn_pdl_wait();
 
-    /* Thread 0 requests a stage: x (128 tokens x 128 bytes, the 128-byte swizzle) and the weights
-     * (kRows x 32 bytes, the 32-byte swizzle: w_tile_offset); rows past N and M arrive as zeros. */
-    auto load_stage = [&](int s, int kt) {
-        const uint32_t base = smem_base + s * kStageBytes, bar = landed0 + 8 * s;
+    /* Thread 0 requests a stage: the weights (kRows x 32 bytes, the 32-byte swizzle: w_tile_offset),
+     * with the whole stage's bytes expected, then x (128 tokens x 128 bytes, the 128-byte swizzle);
+     * rows past M and N arrive as zeros. */
+    auto request_weights = [&](int s, int kt) {
+        const uint32_t bar = landed0 + 8 * s;
         BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(kStageBytes) : "memory");
-        tma_load(base, x_map, (kt0 + kt) * kTileK, token0, bar);
-        tma_load(base + kXBytes, w_map, (kt0 + kt) * kTileKBytesW, row0, bar);
+        tma_load(smem_base + s * kStageBytes + kXBytes, w_map, (kt0 + kt) * kTileKBytesW, row0, bar);
     };
+    auto request_x = [&](int s, int kt) {
+        tma_load(smem_base + s * kStageBytes, x_map, (kt0 + kt) * kTileK, token0, landed0 + 8 * s);
+    };
+    /* The weights never depend on the previous kernel: the first stages' are requested before the
+     * PDL wait. */
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages - 1; s++)
+            if (s < k_tiles) request_weights(s, s);
+    }
+    bn_pdl_wait();
     auto wait_tile = [&](int kt) { wait_phase(landed0 + 8 * (kt % kStages), (kt / kStages) & 1); };
 
     /* This lane's weight rows: tile mt (64 rows) of its warpgroup, rows r and r + 8. */
@@ -257,7 +267,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages - 1; s++)
-            if (s < k_tiles) load_stage(s, s);
+            if (s < k_tiles) request_x(s, s);
     }
     wait_tile(0);
     expand(af[0], 0);
@@ -279,7 +289,10 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
         if (kt + 1 < k_tiles) {
             wait_tile(kt + 1);
             __syncthreads();
-            if (tid == 0 && kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+            if (tid == 0 && kt + kStages - 1 < k_tiles) {
+                request_weights((kt + kStages - 1) % kStages, kt + kStages - 1);
+                request_x((kt + kStages - 1) % kStages, kt + kStages - 1);
+            }
             expand(af[c ^ 1], kt + 1);
         }
     };
