@@ -272,9 +272,9 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     wait_tile(0);
     expand(af[0], 0);
     /* Tile kt: its wgmmas are issued (one commit group) while tile kt - 1's may still run; once those
-     * are done in this warpgroup (wait_group 1), af[(kt - 1) % 2] is free; the barrier that follows
-     * makes tile kt + 1 visible and means every warpgroup is done with tile kt - 1, whose stage then
-     * takes tile kt + kStages - 1. */
+     * are done in this warpgroup (wait_group 1), af[(kt - 1) % 2] is free; tile kt + 1's mbarrier
+     * says it has landed; the block barrier that follows means every warpgroup is done with tile
+     * kt - 1, whose stage then takes tile kt + kStages - 1. */
     auto run_tile = [&](auto cur, int kt) {
         constexpr int c = decltype(cur)::value;
         const uint32_t x_tile = smem_base + (kt % kStages) * kStageBytes;
