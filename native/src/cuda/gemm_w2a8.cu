@@ -23,6 +23,16 @@ using namespace bn_gemm;
 
 namespace {
 
+/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
+__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
+    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
+template <int PENDING>
+__device__ __forceinline__ void copy_wait() {
+    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
+}
+
 constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the largest problems) */
 /* k tiles in flight. The smaller blocks have room for more stages; on an H100, 6 and 8 timed the same
  * as 4 within 3% (docs/log/2026-11-26.md#2026-11-26-10). The defines are for tools/dev/gemm_variants.sh. */

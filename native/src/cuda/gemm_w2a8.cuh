@@ -1,6 +1,6 @@
 /* What the W2A8 GEMM kernels share (gemm_w2a8.cu: mma.sync, sm_80+; gemm_w2a8_sm90.cu: wgmma,
- * sm_90a): the arguments, the cp.async copies, the shared-memory tile layouts and the epilogue's rule
- * (common.cuh's bn_w2a8_scaled for an int32 dot). */
+ * sm_90a): the arguments, the shared-memory tile layouts (which the sm_90a kernel's TMA swizzles
+ * reproduce) and the epilogue's rule (common.cuh's bn_w2a8_scaled for an int32 dot). */
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,16 +25,6 @@ struct GemmArgs {
 
 __device__ __forceinline__ uint32_t shared_address(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, zero-filled where !valid (src must still be a mapped address). */
-__device__ __forceinline__ void copy16(uint32_t dst, const void *src, bool valid) {
-    BN_SM80_ASM("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void copy_commit() { BN_SM80_ASM("cp.async.commit_group;\n" ::); }
-template <int PENDING>
-__device__ __forceinline__ void copy_wait() {
-    BN_SM80_ASM("cp.async.wait_group %0;\n" ::"n"(PENDING));
 }
 
 /* Byte offset of 16-byte chunk c of row r in a stage's x tile (rows of 128 bytes): the XOR puts the 8
