@@ -1,12 +1,14 @@
-"""The glue of a BitNet layer around attention and the MLP: RoPE fused with the KV-cache append, and
-the gate of the gated linear unit (squared ReLU or SiLU)."""
+"""The glue of a BitNet layer around attention and the MLP: RoPE fused with the KV-cache append (also
+with the QKV projection before it, for one token), and the gate of the gated linear unit (squared
+ReLU or SiLU)."""
 import math
+import numbers
 
 import numpy as np
 
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
-from .errors import InvalidArgumentError
+from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 
 BITNET_ROPE_THETA = 500000.0
 
@@ -70,6 +72,67 @@ def rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, ou
     _ffi.call("rope_append_kv", device, DTYPE_CODES[qkva.dtype], B, S, Hq, Hkv, D, qkva.cptr(),
               oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"),
               float(theta), handle)
+    return out
+
+
+def gemv_w2a8_rope_append_kv(w, x_q, s, k_cache, v_cache, position, theta=BITNET_ROPE_THETA,
+                             out=None, stream=None):
+    """The fused QKV projection of one token with RoPE and the KV-cache append: the values of
+    ``rope_append_kv(gemv_w2a8(w, x_q, s, out_dtype=k_cache's dtype)[None, None], k_cache,
+    v_cache, [position], theta)`` without the qkv row in between (on a GPU one kernel). For a
+    decode step of one sequence.
+
+    Parameters
+    ----------
+    w : TernaryWeights [(Hq + 2 Hkv) D, K], without block_scales
+    x_q : int8 array [1, K] (from quantize_a8)
+    s : float32 array [1], its scale
+    k_cache, v_cache : arrays [1, C, Hkv, D] (float16 or bfloat16 on a GPU), D % 4 == 0; row
+        ``position`` is written
+    position : int (checked, 0 <= position < C, and uploaded for a GPU op), or an int32 array [1]
+        on the caches' device (not checked: on a GPU a position out of range writes nothing)
+    theta : float, the RoPE base
+    out : array [1, 1, Hq, D] of the caches' dtype, optional: the rotated queries
+
+    Returns
+    -------
+    out
+    """
+    from .ternary import TernaryWeights
+    if not isinstance(w, TernaryWeights):
+        raise ArgumentTypeError(f"w: expected TernaryWeights, got {type(w).__name__}")
+    if w.block_scales is not None:
+        raise UnsupportedError("gemv_w2a8_rope_append_kv: weights with block_scales take "
+                               "gemv_w2a8 and rope_append_kv")
+    arrays, device, handle = _arrays.prepare(
+        {"w.packed": w.packed, "w.scales": w.scales, "x_q": x_q, "s": s, "k_cache": k_cache,
+         "v_cache": v_cache, "out": out}, stream, writes=("k_cache", "v_cache", "out"),
+        optional=("out",))
+    M, K = w.shape
+    xa = _arrays.check(arrays["x_q"], "x_q", "int8", (1, K))
+    sa = _arrays.check(arrays["s"], "s", "float32", (1,))
+    kc = _arrays.check(arrays["k_cache"], "k_cache", FLOAT_DTYPES, (1, None, None, None))
+    _, C, Hkv, D = kc.shape
+    _arrays.check(arrays["v_cache"], "v_cache", kc.dtype, (1, C, Hkv, D))
+    if M % D or M // D <= 2 * Hkv:
+        raise InvalidArgumentError(f"w: {M} rows are not Hq + 2 x {Hkv} heads of D = {D} (the "
+                                   "caches' head count and size) with Hq >= 1")
+    Hq = M // D - 2 * Hkv
+    theta = _arrays.number(theta, "theta")
+    if not (math.isfinite(theta) and theta > 1):
+        raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
+
+    def check_range(host):
+        if not 0 <= host[0] < C:
+            raise InvalidArgumentError(f"position = {host[0]} is outside the cache of C = {C}")
+
+    out, oa = _arrays.output(arrays, "out", out, kc, (1, 1, Hq, D), kc.dtype)
+    positions = [position] if isinstance(position, numbers.Integral) else position
+    pos = _arrays.int32_per_row(positions, "position", 1, kc, check_range)
+    _ffi.call("gemv_w2a8_rope_append_kv", device, DTYPE_CODES[kc.dtype],
+              arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"), K,
+              xa.cptr("int8_t *"), sa.cptr("float *"), Hq, Hkv, D, oa.cptr(), kc.cptr(),
+              arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"), float(theta), handle)
     return out
 
 

@@ -23,7 +23,7 @@ from .cuda_graph import Graph, Stream
 from .decode_layer import decode_layer, decode_layer_workspace_size, fused_layer_supported
 from .errors import InvalidArgumentError
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer_glue import rope_append_kv
+from .layer_glue import gemv_w2a8_rope_append_kv, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
                    rmsnorm_quantize)
 from .sampling import sample, sampling_settings
@@ -90,6 +90,14 @@ def random_weights(config, device, seed=0, progress=None):
     return Weights(config, layers, norm(H), table)
 
 
+def qkv_rope_supported(weights, batch):
+    """Whether a decode step of `batch` sequences can take gemv_w2a8_rope_append_kv for each
+    layer's QKV projection and RoPE: one sequence, a head dim that is a multiple of 4, one scale
+    per row of the QKV weights."""
+    return (batch == 1 and weights.config.head_dim % 4 == 0
+            and all(layer.qkv.block_scales is None for layer in weights.layers))
+
+
 class Session:
     """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
 
@@ -101,12 +109,17 @@ class Session:
     fused: a one-sequence decode step runs each layer as one ``decode_layer`` op (the same values
     up to float32 sum orders) instead of the op sequence. Off by default: on the GPU that kernel
     is still slower than the op sequence (docs/decode_layer.md); tools/bench_decode.py compares
-    the two."""
+    the two.
 
-    KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append", "attention",
+    fuse_qkv_rope: where qkv_rope_supported, a one-sequence decode step takes the QKV projection,
+    RoPE and the KV-cache append as one ``gemv_w2a8_rope_append_kv`` op (the same values as the
+    two ops it replaces). On by default; off, for comparing the two."""
+
+    KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append",
+             "qkv + rope + kv append", "attention",
              "decode layer (fused)", "output head", "argmax", "bookkeeping")
 
-    def __init__(self, weights, batch, capacity, device, fused=False):
+    def __init__(self, weights, batch, capacity, device, fused=False, fuse_qkv_rope=True):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
         self.device = device
         self.stream = Stream(device) if device != _arrays.CPU else None
@@ -122,6 +135,7 @@ class Session:
             raise InvalidArgumentError("Session: fused decode layers need batch 1 and weights "
                                        "that decode_layer supports (fused_layer_supported)")
         self.fused = fused
+        self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(weights, batch)
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
@@ -233,10 +247,15 @@ class Session:
                 x_q, x_s = self.norm_quantize(b["h"], layer.attn_norm, b)
             else:
                 x_q, x_s = self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual)
-            self.project(layer.qkv, x_q, x_s, b["qkv"])
-            qkv = b["qkv"].reshape(self.batch, steps, c.heads + 2 * c.kv_heads, c.head_dim)
-            self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
-                    self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
+            if steps == 1 and self.fuse_qkv_rope:
+                self.op("qkv + rope + kv append", gemv_w2a8_rope_append_kv, layer.qkv, x_q, x_s,
+                        self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta,
+                        out=b["q"])
+            else:
+                self.project(layer.qkv, x_q, x_s, b["qkv"])
+                qkv = b["qkv"].reshape(self.batch, steps, c.heads + 2 * c.kv_heads, c.head_dim)
+                self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
+                        self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
             self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
                     causal=True, scale=c.attention_scale, seq_lens=self.seq_lens, out=b["attn"],
                     workspace=b["workspace"])
@@ -377,9 +396,12 @@ class Session:
         step_ms = self.graph.time_ms(replays, reset)
         breakdown = {}
         # the kinds the decode step issues: a fused layer replaces the per-layer projections, RoPE
-        # and attention (its norms are inside it too; the final norm stays apart)
-        absent = ({"gemv_w2a8", "rope + kv append", "attention"} if self.fused
-                  else {"decode layer (fused)"})
+        # and attention (its norms are inside it too; the final norm stays apart); otherwise RoPE
+        # comes with the QKV projection or apart
+        absent = ({"gemv_w2a8", "rope + kv append", "qkv + rope + kv append", "attention"}
+                  if self.fused else {"decode layer (fused)"})
+        if not self.fused:
+            absent.add("rope + kv append" if self.fuse_qkv_rope else "qkv + rope + kv append")
         kinds = [k for k in self.KINDS if k not in absent]
         for kind in kinds:
             self.only = {kind}

@@ -505,6 +505,16 @@ def valid_call(entry, mem, rng):
                                 k_cache=put(poison(cache, fd)), v_cache=put(poison(cache, fd)), C=6,
                                 positions=put(np.array([0, 3], np.int32)), theta=10000.0,
                                 stream=NULL), ("q", "k_cache", "v_cache"))
+    if entry == "gemv_w2a8_rope_append_kv":  # Hq = 2, Hkv = 1, D = 8: 32 rows of K = 128
+        return Call(entry, dict(device=d, dtype=code,
+                                w_packed=put(rng.integers(0, 255, 32 * 32, dtype=np.uint8)),
+                                w_scales=put(np.ones(32, np.float32)), K=128,
+                                x_q=put(rng.integers(-128, 128, 128, dtype=np.int8)),
+                                x_scale=put(np.full(1, 50.0, np.float32)), Hq=2, Hkv=1, D=8,
+                                q=put(poison((2, 8), fd)), k_cache=put(poison((3, 1, 8), fd)),
+                                v_cache=put(poison((3, 1, 8), fd)), C=3,
+                                position=put(np.array([1], np.int32)), theta=10000.0,
+                                stream=NULL), ("q", "k_cache", "v_cache"))
     if entry == "relu2_gate":
         return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
                                 out=put(poison((3, 5), fd)), stream=NULL), ("out",))

@@ -62,8 +62,8 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "gemv_w2a8_block_scaled",
-              "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv", "relu2_gate",
-              "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
+              "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv",
+              "gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
               "decode_layer_workspace_size")
 
@@ -280,6 +280,24 @@ MUTATIONS = {
         Mutation("Hq", 3, INVALID, "not a multiple of Hkv"),
         Mutation("B", BIG, INVALID, "overflows"),
     ] + nulls("bytes"),
+    "gemv_w2a8_rope_append_kv": bad_devices()
+    + non_positive("must be positive", "Hq", "Hkv", "D", "C") + non_positive(TERNARY, "K") + [
+        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("D", 6, INVALID, "must be a multiple of 4"),
+        Mutation("D", 2048, INVALID, "at most 1024"),
+        Mutation("K", 100, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("Hq", BIG, INVALID, "too large"),
+        Mutation("C", BIG, INVALID, "too large"),
+        Mutation("theta", math.nan, INVALID, "theta must be finite"),
+        Mutation("theta", 1.0, INVALID, "theta must be finite and > 1"),
+        Mutation("position", np.array([3], np.int32), INVALID, "outside the cache", "cpu"),
+        Mutation("position", np.array([-1], np.int32), INVALID, "outside the cache", "cpu"),
+    ] + pointers("w_packed", "w_scales", "x_q", "x_scale", "q", "k_cache", "v_cache", "position",
+                 aligned=("w_packed", "w_scales", "x_q", "x_scale", "q", "k_cache", "v_cache",
+                          "position"))
+      + overlaps(("q", "x_q", ("x_q", "q")), ("v_cache", "k_cache", ("k_cache", "v_cache")),
+                 ("position", "q", ("q", "position"))),
     "rope_append_kv": bad_devices()
     + non_positive("must be positive", "B", "S", "Hq", "Hkv", "D", "C") + [
         Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),

@@ -796,6 +796,36 @@ def test_cli_errors_are_clear(capsys, tmp_path):
     assert "neither a model directory" in capsys.readouterr().err
 
 
+def teacher_forced(model, ref, **session_options):
+    """(tokens, float64 logits of each step) of a one-sequence Session (session_options: its
+    fused or fuse_qkv_rope) prefilled with the reference's prompt and decoded along
+    transformers' tokens."""
+    from bitnet_ffi.model import Session
+    session = Session(model.weights, 1, 128, model.device, **session_options)
+    for option, value in session_options.items():
+        assert getattr(session, option) == value, f"Session did not take {option}={value}"
+    tokens, logits = [int(session.prefill(np.array([ref["prompt0"]], np.int32))[0])], []
+    for step in range(STEPS):
+        logits.append(session.download(session.logits)[0].astype(np.float64))
+        tokens.append(int(session.decode([ref["tokens0"][step]])[0]))
+    return tokens, np.array(logits)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["bitnet-packed", "llama-silu", "bitnet-padded"])
+def test_fused_qkv_rope_gives_the_unfused_logits(name, device):
+    """A decode step whose QKV projection, RoPE and KV-cache append are one
+    gemv_w2a8_rope_append_kv op (the default for one sequence) against the step that runs
+    gemv_w2a8 then rope_append_kv, teacher-forced along transformers' tokens: the same logits bit
+    for bit on the CPU and on a GPU, so the same greedy tokens."""
+    model = Model.load(fixture(name), device=device, progress=False)
+    ref = reference(name)
+    tokens, logits = teacher_forced(model, ref, fuse_qkv_rope=False)
+    fused_tokens, fused_logits = teacher_forced(model, ref, fuse_qkv_rope=True)
+    np.testing.assert_array_equal(fused_logits, logits)
+    assert fused_tokens == tokens
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["bitnet-packed", "llama-silu", "bitnet-padded"])
 def test_fused_decode_layers_give_the_unfused_tokens(name, device):
@@ -805,19 +835,10 @@ def test_fused_decode_layers_give_the_unfused_tokens(name, device):
     the bound of test_fixture_matches_transformers (the fixture's bfloat16-against-float32 logit
     difference): the two differ by float32 sum orders and the int8 codes they flip
     (docs/decode_layer.md), less than bfloat16 rounding moves transformers' logits."""
-    from bitnet_ffi.model import Session
     model = Model.load(fixture(name), device=device, progress=False)
     ref = reference(name)
-    prompt = np.array([ref["prompt0"]], np.int32)
-    runs = []
-    for fused in (False, True):
-        session = Session(model.weights, 1, 128, model.device, fused=fused)
-        tokens, logits = [int(session.prefill(prompt)[0])], []
-        for step in range(STEPS):
-            logits.append(session.download(session.logits)[0].astype(np.float64))
-            tokens.append(int(session.decode([ref["tokens0"][step]])[0]))
-        runs.append((tokens, np.array(logits)))
-    (tokens, logits), (fused_tokens, fused_logits) = runs
+    tokens, logits = teacher_forced(model, ref, fused=False)
+    fused_tokens, fused_logits = teacher_forced(model, ref, fused=True)
     if device == "cpu":
         np.testing.assert_array_equal(fused_logits, logits)
         assert fused_tokens == tokens

@@ -173,12 +173,13 @@ def demo_markdown(runs):
         lines.append(f"| {r['batch']} | {ms:.3f} | {r['decode_tokens_per_s']:.0f} | "
                      f"{r['decode_gbps']:.0f} | {r['prefill_tokens_per_s']:.0f} | "
                      f"{'' if torch_prefill is None else f'{torch_prefill:.0f}'} {torch_cells}")
-    kinds = list(runs[0]["op_ms"])
+    kinds = list(dict.fromkeys(kind for r in runs for kind in r["op_ms"]))  # every run's, in order
     lines += ["", "Per-op time of one decode step (ms; each kind's ops captured and replayed alone):",
               "", "| op | " + " | ".join(f"batch {r['batch']}" for r in runs) + " |",
               "| --- |" + " --- |" * len(runs)]
     for kind in kinds:
-        lines.append(f"| {kind} | " + " | ".join(f"{r['op_ms'][kind]:.3f}" for r in runs) + " |")
+        lines.append(f"| {kind} | " + " | ".join(f"{r['op_ms'][kind]:.3f}" if kind in r["op_ms"]
+                                                 else "-" for r in runs) + " |")
     return "\n".join(lines)
 
 

@@ -341,6 +341,20 @@ bitnet_status bn_cuda_rope_append_kv(int32_t device, int32_t dtype, int64_t B, i
                                      int64_t Hq, int64_t Hkv, int64_t D, const void *qkv, void *q,
                                      void *k_cache, void *v_cache, int64_t C,
                                      const int32_t *positions, float theta, void *stream);
+/* bitnet_gemv_w2a8_rope_append_kv (arguments checked): the CPU runs the two ops it fuses
+ * (cpu/gemv_w2a8_rope_append_kv.c); the GPU the one-token GEMV kernel with a RoPE epilogue
+ * (cuda/gemv_w2a8.cu). */
+bitnet_status bn_cpu_gemv_w2a8_rope_append_kv(int32_t dtype, const uint8_t *w_packed,
+                                              const float *w_scales, int64_t K, const int8_t *x_q,
+                                              const float *x_scale, int64_t Hq, int64_t Hkv,
+                                              int64_t D, void *q, void *k_cache, void *v_cache,
+                                              int64_t C, const int32_t *position, float theta);
+bitnet_status bn_cuda_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype,
+                                               const uint8_t *w_packed, const float *w_scales,
+                                               int64_t K, const int8_t *x_q, const float *x_scale,
+                                               int64_t Hq, int64_t Hkv, int64_t D, void *q,
+                                               void *k_cache, void *v_cache, int64_t C,
+                                               const int32_t *position, float theta, void *stream);
 /* bitnet_decode_layer: the CPU runs the unfused sequence of its CPU ops through the workspace
  * (cpu/decode_layer.c); the GPU runs one cooperative kernel (cuda/decode_layer.cu). */
 int64_t bn_cpu_decode_layer_workspace_size(int32_t dtype, const bitnet_decode_layer_config *c);

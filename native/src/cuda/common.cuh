@@ -173,10 +173,13 @@ __device__ __forceinline__ float bn_w2a8_scaled(float dot, float w_scale, float 
 }
 
 /* RoPE's angle of pair i of D at position p, p * theta^(-2i/D) in float64 (log2_theta =
- * log2(theta)); its cos and sin are taken in float64 and rounded to float32. With bn_rope_rotate,
+ * log2(theta)), the product of p and the pair's inverse frequency; its cos and sin are taken in float64 and rounded to float32. With bn_rope_rotate,
  * the arithmetic of bitnet_rope_append_kv that every kernel applying RoPE shares. */
+__device__ __forceinline__ double bn_rope_inv_freq(int i, int D, double log2_theta) {
+    return exp2(-2.0 * i / D * log2_theta);
+}
 __device__ __forceinline__ double bn_rope_angle(int p, int i, int D, double log2_theta) {
-    return (double)p * exp2(-2.0 * i / D * log2_theta);
+    return (double)p * bn_rope_inv_freq(i, D, log2_theta);
 }
 
 /* The pair (a, c) = (x[i], x[i + D/2]) turned by the angle of (cs, sn), in float32, rounded to T. */

@@ -17,6 +17,9 @@
  *   x that turn codes into W_q are taken during a block's first tile, which is compiled apart.
  * Both mask the codes in place where they can (dp4a and mma with unsigned weight bytes, partial
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
+ * - bitnet_gemv_w2a8_rope_append_kv: the one-token kernel with a RoPE epilogue (gemv_one_token_rope:
+ *   rope_row's order puts the two rows of each RoPE pair in lanes l and l ^ 8 of a warp, which
+ *   rotate them as they store them to q and the KV cache).
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py, BENCHMARKS.md, 2026-11-26): 55296x5120 24.0 us = 2960 GB/s (95% of read
@@ -112,11 +115,57 @@ __device__ __forceinline__ void store(const GemvArgs &a, int n, int m, int dot, 
     else static_cast<__nv_bfloat16 *>(a.y)[index] = __float2bfloat16_rn(value);
 }
 
+/* The RoPE epilogue of bitnet_gemv_w2a8_rope_append_kv: the M = (Hq + 2 Hkv) D rows of a fused QKV
+ * projection go to q and row *position of the caches, each q and k head's pairs (i, i + D/2) turned
+ * as bitnet_rope_append_kv turns them. */
+struct RopeArgs {
+    void *q, *k_cache, *v_cache;
+    const int32_t *position;
+    double log2_theta;
+    int Hq, Hkv, D, C;
+};
+
+/* Rows in the order the RoPE epilogue takes them: in the q and k heads, virtual row 4u + r (a warp's
+ * tile u, the lanes of r = lane / 8) is pair i = 2u' + r / 2 of its head (u' the tile within the
+ * head), row i for even r and i + D/2 for odd r, so that lanes l and l ^ 8 hold the two rows of a
+ * pair (D % 4 == 0: a tile never straddles two heads); the v heads keep their order. */
+__device__ __forceinline__ int rope_row(const RopeArgs &r, int row) {
+    if (row >= (r.Hq + r.Hkv) * r.D) return row;
+    const int head = row / r.D, j = row - head * r.D;
+    return head * r.D + j / 2 + (j % 2) * (r.D / 2);
+}
+
+/* Stores the output of (physical) row `row`, value `y` rounded to T, its pair's partner's from lane
+ * ^ 8: rotated q and k rows to q and the k cache, v rows to the v cache. Every lane of the warp
+ * calls it (the shuffle); the lanes with store set write. */
+template <typename T>
+__device__ __forceinline__ void store_rope(const RopeArgs &r, int row, float y, float cs, float sn, int p,
+                                           bool store) {
+    const float mine = to_float(from_float<T>(y));
+    const float other = __shfl_xor_sync(~0u, mine, kLanesPerRow);
+    if (!store || p < 0 || p >= r.C) return; /* a position out of range writes nothing */
+    const int rotated = (r.Hq + r.Hkv) * r.D;
+    const int64_t cache_row = static_cast<int64_t>(p) * r.Hkv * r.D;
+    if (row >= rotated) {
+        static_cast<T *>(r.v_cache)[cache_row + row - rotated] = from_float<T>(mine);
+        return;
+    }
+    const int head = row / r.D, j = row - head * r.D;
+    const bool first = j < r.D / 2; /* x[i], whose partner is x[i + D/2] */
+    T lo, hi;
+    bn_rope_rotate(first ? mine : other, first ? other : mine, cs, sn, lo, hi);
+    const T out = first ? lo : hi;
+    if (head < r.Hq) static_cast<T *>(r.q)[row] = out;
+    else static_cast<T *>(r.k_cache)[cache_row + row - r.Hq * r.D] = out;
+}
+
 /* PREFETCH: how many steps after the first the kernel requests into L2 while it stages x (see
  * below); 0 for rows of at most 2 steps. BLOCK_MAJOR_TAIL: where the tiles take more than one
- * round of the grid's warps (see below). */
-template <int PREFETCH, bool BLOCK_MAJOR_TAIL>
-__global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
+ * round of the grid's warps (see below). ROPE: void for the GEMV, else the dtype T of the RoPE
+ * epilogue (RopeArgs), which takes the rows in rope_row's order. */
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename ROPE>
+__device__ __forceinline__ void one_token(const GemvArgs &a, const RopeArgs &rope) {
+    constexpr bool kRope = !std::is_void_v<ROPE>;
     extern __shared__ int4 shared[];
     int8_t *x_tile = reinterpret_cast<int8_t *>(shared);
     int *warp_x_sums = reinterpret_cast<int *>(x_tile + a.K);
@@ -138,7 +187,10 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
     };
 
     /* This lane's row of a tile, and its chunk u of a step of that row. */
-    auto lane_row = [&](int tile_) { return tile_ * kRowsPerWarp + lane / kLanesPerRow; };
+    auto lane_row = [&](int tile_) {
+        const int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
+        return kRope ? rope_row(rope, row) : row;
+    };
     auto lane_chunk = [&](int iteration, int u) { return (iteration * kChunksPerLane + u) * kLanesPerRow + sub; };
 
     auto load = [&](uint4 (&w)[kChunksPerLane], int tile_, int iteration) {
@@ -169,12 +221,21 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
         return tile_ < tiles && row < a.M ? a.w_scales[row] : 0.0f;
     };
 
-    /* The weights and their scales never depend on the previous kernel. */
+    /* RoPE: the inverse frequency of this lane's pair in a tile (0 past the last tile) */
+    auto inv_freq = [&](int tile_) {
+        return kRope && tile_ < tiles ? bn_rope_inv_freq(lane_row(tile_) % rope.D % (rope.D / 2), rope.D,
+                                                         rope.log2_theta)
+                                      : 0.0;
+    };
+
+    /* The weights, their scales and RoPE's frequencies never depend on the previous kernel. */
     uint4 w[kChunksPerLane];
     if (tile < tiles) load(w, tile, 0);
     float w_scale = row_scale(tile);
+    double freq = inv_freq(tile);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
+    const int position = kRope ? *rope.position : 0;
     /* Long rows: staging x (K bytes per block) keeps the loop from issuing the second step's loads,
      * so HBM would idle for this SM meanwhile; an L2 prefetch of that one step fills the gap (two
      * steps, or before the PDL wait, did worse). Rows of at most 2 steps take PREFETCH = 0, where a
@@ -191,6 +252,15 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
 
     for (; tile < tiles; tile = next_of(tile)) {
         const float next_w_scale = row_scale(next_of(tile));
+        /* RoPE: the cos and sin of this lane's pair (bn_rope_angle's p * inverse frequency) */
+        float cs = 0.0f, sn = 0.0f;
+        if constexpr (kRope) {
+            double sin_d, cos_d;
+            sincos(static_cast<double>(position) * freq, &sin_d, &cos_d);
+            cs = static_cast<float>(cos_d);
+            sn = static_cast<float>(sin_d);
+            freq = inv_freq(next_of(tile));
+        }
         /* acc[i]: the dot of the codes at shift i, masked in place (4^i times the codes), so that
          * no shift is needed per word; they are exact multiples of 4^i. */
         int acc[4] = {};
@@ -219,9 +289,23 @@ __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
         int dot = codes_dot(acc);
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
         int row = lane_row(tile);
-        if (sub == 0 && row < a.M) store(a, 0, row, dot - x_sum, w_scale, x_scale);
+        if constexpr (kRope)
+            store_rope<ROPE>(rope, row, bn_w2a8_scaled(static_cast<float>(dot - x_sum), w_scale, x_scale), cs, sn,
+                             position, sub == 0 && row < a.M);
+        else if (sub == 0 && row < a.M)
+            store(a, 0, row, dot - x_sum, w_scale, x_scale);
         w_scale = next_w_scale;
     }
+}
+
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL>
+__global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL, void>(a, RopeArgs{});
+}
+
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T>
+__global__ __launch_bounds__(kThreads) void gemv_one_token_rope(const GemvArgs a, const RopeArgs rope) {
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL, T>(a, rope);
 }
 
 /* d += A B, A 16x32 unsigned bytes, B 32x8 signed bytes. */
@@ -419,14 +503,21 @@ struct Launch {
     int64_t resident_blocks;
 };
 
+/* The blocks of `kernel` the GPU holds at once: at most blocks_per_sm per SM, fewer where the SM
+ * has room for fewer. */
+bitnet_status resident_blocks(const BnGpu &gpu, const void *kernel, int threads, int blocks_per_sm,
+                              size_t shared_bytes, int64_t *out) {
+    int resident = 0;
+    BN_TRY(bn_cuda_kernel_occupancy(gpu.device, kernel, threads, shared_bytes, &resident));
+    *out = (int64_t)gpu.sms * (resident < 1 ? 1 : resident < blocks_per_sm ? resident : blocks_per_sm);
+    return BITNET_OK;
+}
+
 bitnet_status plan(const BnGpu &gpu, GemvKernel kernel, int threads, int blocks_per_sm, size_t shared_bytes,
                    Launch *out) {
-    int resident = 0;
-    BN_TRY(bn_cuda_kernel_occupancy(gpu.device, reinterpret_cast<const void *>(kernel), threads,
-                                    shared_bytes, &resident));
-    int64_t per_sm = resident < 1 ? 1 : resident < blocks_per_sm ? resident : blocks_per_sm;
-    *out = {kernel, threads, shared_bytes, (int64_t)gpu.sms * per_sm};
-    return BITNET_OK;
+    *out = {kernel, threads, shared_bytes, 0};
+    return resident_blocks(gpu, reinterpret_cast<const void *>(kernel), threads, blocks_per_sm, shared_bytes,
+                           &out->resident_blocks);
 }
 
 /* Launches with programmatic stream serialization on at most the resident blocks (fewer if
@@ -482,23 +573,39 @@ bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, TokensLaunch *ou
                        : plan_mma<1, 6>(gpu, kMmaSmallBlocksPerSm, &out->launch);
 }
 
+/* The one-token kernel's launch for M x K: its tiles (work_blocks), blocks per SM, shared memory,
+ * and which instance (PREFETCH: long_rows; BLOCK_MAJOR_TAIL: rounds). */
+struct OneTokenPlan {
+    int64_t work_blocks;
+    int per_sm;
+    size_t shared_bytes;
+    bool long_rows, rounds;
+};
+
+OneTokenPlan plan_one_token(const BnGpu &gpu, int64_t M, int64_t K) {
+    OneTokenPlan p;
+    p.shared_bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
+    /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the next
+     * kernel's blocks then fit beside it and issue their weight loads early (PDL)
+     * (docs/log/2026-11-22.md#2026-11-22-9; every shape at one block per SM was slower:
+     * docs/log/2026-11-23.md#2026-11-23-21). */
+    p.work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
+    p.per_sm = p.work_blocks <= (int64_t)gpu.sms * kWarps ? 1 : kOneTokenBlocksPerSm;
+    p.long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
+    /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower
+     * (docs/log/2026-11-24.md#2026-11-24-6). */
+    p.rounds = p.work_blocks > (int64_t)gpu.sms * kWarps * p.per_sm;
+    return p;
+}
+
 bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, TokensLaunch *out) {
     if (nt == 1) {
-        size_t bytes = static_cast<size_t>(K) + kWarps * sizeof(int); /* x, the warps' x sums */
-        /* Where one block per SM has a warp for every tile, the grid takes one block per SM: the
-         * next kernel's blocks then fit beside it and issue their weight loads early (PDL)
-         * (docs/log/2026-11-22.md#2026-11-22-9; every shape at one block per SM was slower:
-         * docs/log/2026-11-23.md#2026-11-23-21). */
-        out->work_blocks = (M + kRowsPerWarp - 1) / kRowsPerWarp;
-        const int per_sm = out->work_blocks <= (int64_t)gpu.sms * kWarps ? 1 : kOneTokenBlocksPerSm;
-        const bool long_rows = K > 2 * kChunksPerLane * kLanesPerRow * 64; /* more than 2 steps */
-        /* One-round grids keep the plain numbering: the other one's code made 2560x6912 slower
-         * (docs/log/2026-11-24.md#2026-11-24-6). */
-        const bool rounds = out->work_blocks > (int64_t)gpu.sms * kWarps * per_sm;
-        GemvKernel kernel = long_rows ? (rounds ? gemv_one_token<kPrefetchSteps, true>
-                                                : gemv_one_token<kPrefetchSteps, false>)
-                                      : (rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
-        return plan(gpu, kernel, kThreads, per_sm, bytes, &out->launch);
+        const OneTokenPlan p = plan_one_token(gpu, M, K);
+        out->work_blocks = p.work_blocks;
+        GemvKernel kernel = p.long_rows ? (p.rounds ? gemv_one_token<kPrefetchSteps, true>
+                                                    : gemv_one_token<kPrefetchSteps, false>)
+                                        : (p.rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
+        return plan(gpu, kernel, kThreads, p.per_sm, p.shared_bytes, &out->launch);
     }
     if (nt == 8) return plan_mma8(gpu, M, K, out);
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -507,6 +614,38 @@ bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, Tokens
         return plan_mma<2, 8, 2, 1>(gpu, 1, &out->launch);
     }
     return plan_mma<2, 8>(gpu, kMmaBlocksPerSm, &out->launch);
+}
+
+/* The kernel arguments of one launch (sizes checked against the kernels' int limits). */
+GemvArgs gemv_args(const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K, const int8_t *x_q,
+                   const float *x_scales, void *y, int32_t y_dtype, int64_t n_valid) {
+    GemvArgs a;
+    a.w = reinterpret_cast<const uint4 *>(w_packed);
+    a.w_scales = w_scales;
+    a.x_q = x_q;
+    a.x_scales = x_scales;
+    a.y = y;
+    a.y_dtype = y_dtype;
+    a.M = static_cast<int>(M);
+    a.K = static_cast<int>(K);
+    a.n_valid = static_cast<int>(n_valid);
+    return a;
+}
+
+/* The RoPE form of the one-token launch: the plain GEMV's plan for M x K. */
+template <typename T>
+bitnet_status launch_rope(const BnGpu &gpu, const GemvArgs &a, const RopeArgs &r, cudaStream_t stream) {
+    const OneTokenPlan p = plan_one_token(gpu, a.M, a.K);
+    auto kernel = p.long_rows ? (p.rounds ? gemv_one_token_rope<kPrefetchSteps, true, T>
+                                          : gemv_one_token_rope<kPrefetchSteps, false, T>)
+                              : (p.rounds ? gemv_one_token_rope<0, true, T> : gemv_one_token_rope<0, false, T>);
+    int64_t resident = 0;
+    BN_TRY(resident_blocks(gpu, reinterpret_cast<const void *>(kernel), kThreads, p.per_sm, p.shared_bytes,
+                           &resident));
+    const int64_t blocks = p.work_blocks < resident ? p.work_blocks : resident;
+    BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), p.shared_bytes,
+                              stream, a, r));
+    return BITNET_OK;
 }
 
 }  // namespace
@@ -535,18 +674,31 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         int nt = left == 1 || major < 8 ? 1 : left <= 8 ? 8 : 16;
         TokensLaunch &l = launches[nt == 1 ? 0 : nt == 8 ? 1 : 2];
         if (l.launch.kernel == nullptr) BN_TRY(plan_tokens(gpu, nt, M, K, &l));
-        GemvArgs a;
-        a.w = reinterpret_cast<const uint4 *>(w_packed);
-        a.w_scales = w_scales;
-        a.x_q = x_q + n0 * K;
-        a.x_scales = x_scales + n0;
-        a.y = static_cast<char *>(y) + n0 * M * y_size;
-        a.y_dtype = y_dtype;
-        a.M = static_cast<int>(M);
-        a.K = static_cast<int>(K);
-        a.n_valid = static_cast<int>(left < nt ? left : nt);
+        const GemvArgs a = gemv_args(w_packed, w_scales, M, K, x_q + n0 * K, x_scales + n0,
+                                     static_cast<char *>(y) + n0 * M * y_size, y_dtype, left < nt ? left : nt);
         BN_TRY(launch(l.launch, l.work_blocks, a, s));
         n0 += a.n_valid;
     }
     return BITNET_OK;
+}
+
+bitnet_status bn_cuda_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, const uint8_t *w_packed,
+                                               const float *w_scales, int64_t K, const int8_t *x_q,
+                                               const float *x_scale, int64_t Hq, int64_t Hkv, int64_t D,
+                                               void *q, void *k_cache, void *v_cache, int64_t C,
+                                               const int32_t *position, float theta, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    const int64_t M = (Hq + 2 * Hkv) * D;
+    if (M > INT32_MAX / 2 || C * Hkv * D > INT32_MAX)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8_rope_append_kv: M = %lld or the cache's "
+                       "C * Hkv * D = %lld is over the CUDA kernel's limit", (long long)M,
+                       (long long)(C * Hkv * D));
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    const GemvArgs a = gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1);
+    const RopeArgs r{q, k_cache, v_cache, position, log2(static_cast<double>(theta)),
+                     static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), static_cast<int>(C)};
+    cudaStream_t s = bn_stream(stream);
+    return dtype == BITNET_DTYPE_BF16 ? launch_rope<__nv_bfloat16>(gpu, a, r, s) : launch_rope<__half>(gpu, a, r, s);
 }
