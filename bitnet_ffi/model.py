@@ -90,12 +90,12 @@ def random_weights(config, device, seed=0, progress=None):
     return Weights(config, layers, norm(H), table)
 
 
-def qkv_rope_supported(weights, batch):
+def qkv_rope_supported(config, layers, batch):
     """Whether a decode step of `batch` sequences can take gemv_w2a8_rope_append_kv for each
     layer's QKV projection and RoPE: one sequence, a head dim that is a multiple of 4, one scale
     per row of the QKV weights."""
-    return (batch == 1 and weights.config.head_dim % 4 == 0
-            and all(layer.qkv.block_scales is None for layer in weights.layers))
+    return (batch == 1 and config.head_dim % 4 == 0
+            and all(layer.qkv.block_scales is None for layer in layers))
 
 
 class Session:
@@ -135,7 +135,7 @@ class Session:
             raise InvalidArgumentError("Session: fused decode layers need batch 1 and weights "
                                        "that decode_layer supports (fused_layer_supported)")
         self.fused = fused
-        self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(weights, batch)
+        self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(c, weights.layers, batch)
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again

@@ -51,7 +51,8 @@ from .attention import attention, attention_workspace_size
 from .cuda_graph import Graph, Stream
 from .errors import InvalidArgumentError, RankFailedError, UnsupportedError
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer_glue import rope_append_kv
+from .layer_glue import gemv_w2a8_rope_append_kv, rope_append_kv
+from .model import qkv_rope_supported
 from .norm import (add_rmsnorm, glu_rmsnorm_partial, glu_rmsnorm_quantize, rmsnorm_partial,
                    rmsnorm_quantize)
 from .padding import GEMV_K_MULTIPLE, padded_config
@@ -465,6 +466,7 @@ class TPSession:
         self.graphs = {}  # pass length -> its captured step (1: the decode step)
         self.sampling = None
         self.solo = sp.world == 1  # no collectives: the unsplit model's step
+        self.fuse_qkv_rope = qkv_rope_supported(c, shard.layers, 1)  # for the decode step
         whole = isinstance(sp, ExactSplit)  # every head on every rank
         self.exact = whole and not self.solo
         H, I, D = c.hidden, c.intermediate, c.head_dim
@@ -604,9 +606,14 @@ class TPSession:
             else:
                 rmsnorm_quantize(proj, layer.attn_norm, eps=c.eps, residual=residual,
                                  out=(x_q, x_s), **kw)
-            gemv_w2a8(layer.qkv, x_q, x_s, out_dtype=BF16, out=qkv, **kw)
-            rope_append_kv(qkv.reshape(1, n, -1, D), self.k_cache[index], self.v_cache[index],
-                           self.positions, theta=c.theta, out=q, **kw)
+            if n == 1 and self.fuse_qkv_rope:
+                gemv_w2a8_rope_append_kv(layer.qkv, x_q, x_s, self.k_cache[index],
+                                         self.v_cache[index], self.positions, theta=c.theta,
+                                         out=q, **kw)
+            else:
+                gemv_w2a8(layer.qkv, x_q, x_s, out_dtype=BF16, out=qkv, **kw)
+                rope_append_kv(qkv.reshape(1, n, -1, D), self.k_cache[index],
+                               self.v_cache[index], self.positions, theta=c.theta, out=q, **kw)
             attention(q, self.k_cache[index], self.v_cache[index], causal=True,
                       scale=c.attention_scale, seq_lens=self.seq_lens, out=attn,
                       workspace=b["workspace"], **kw)
