@@ -9,8 +9,17 @@ import numpy as np
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
+from .ternary import TernaryWeights
 
 BITNET_ROPE_THETA = 500000.0
+
+
+def rope_theta(theta):
+    """The RoPE base as a float, checked: finite and > 1."""
+    theta = _arrays.number(theta, "theta")
+    if not (math.isfinite(theta) and theta > 1):
+        raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
+    return theta
 
 
 def rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, out=None,
@@ -58,9 +67,7 @@ def rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, ou
     if Hq < 1:
         raise InvalidArgumentError(f"qkv: {heads} heads per token leave no query heads beside "
                                    f"2 x {Hkv} key and value heads (the caches' head count)")
-    theta = _arrays.number(theta, "theta")
-    if not (math.isfinite(theta) and theta > 1):
-        raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
+    theta = rope_theta(theta)
     def check_range(host):
         bad = np.flatnonzero((host < 0) | (host > C - S))
         if bad.size:
@@ -98,7 +105,6 @@ def gemv_w2a8_rope_append_kv(w, x_q, s, k_cache, v_cache, position, theta=BITNET
     -------
     out
     """
-    from .ternary import TernaryWeights
     if not isinstance(w, TernaryWeights):
         raise ArgumentTypeError(f"w: expected TernaryWeights, got {type(w).__name__}")
     if w.block_scales is not None:
@@ -118,9 +124,7 @@ def gemv_w2a8_rope_append_kv(w, x_q, s, k_cache, v_cache, position, theta=BITNET
         raise InvalidArgumentError(f"w: {M} rows are not Hq + 2 x {Hkv} heads of D = {D} (the "
                                    "caches' head count and size) with Hq >= 1")
     Hq = M // D - 2 * Hkv
-    theta = _arrays.number(theta, "theta")
-    if not (math.isfinite(theta) and theta > 1):
-        raise InvalidArgumentError(f"theta must be finite and > 1, got {theta}")
+    theta = rope_theta(theta)
 
     def check_range(host):
         if not 0 <= host[0] < C:

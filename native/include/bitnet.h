@@ -298,10 +298,11 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
 /* The fused QKV projection of one token with RoPE and the KV-cache append (a decode step of one
  * sequence): the same values as bitnet_gemv_w2a8 of the M = (Hq + 2 Hkv) D rows into a qkv row
  * of `dtype` (y_dtype = dtype, a dtype of bitnet_rope_append_kv), then bitnet_rope_append_kv of
- * it with B = S = 1; qkv itself is not written. The sizes and alignments of both ops apply, and D % 4 == 0. position: int32 [1] in the
- * op's memory, 0 <= *position < C (checked on the CPU; on a GPU a position out of range writes
- * nothing). On a GPU one kernel: the GEMV takes the rows of each pair (i, i + D/2) in one warp
- * and rotates them as it stores them (programmatic dependent launch, as bitnet_gemv_w2a8). */
+ * it with B = S = 1; qkv itself is not written. The sizes and alignments of both ops apply, and
+ * D % 4 == 0. position: int32 [1] in the op's memory, 0 <= *position < C (checked on the CPU; on
+ * a GPU a position out of range writes nothing). On a GPU one kernel: the GEMV takes the rows of
+ * each pair (i, i + D/2) in one warp and rotates them as it stores them (programmatic dependent
+ * launch, as bitnet_gemv_w2a8). */
 bitnet_status bitnet_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype,
                                               const uint8_t *w_packed /* [M, K/4] */,
                                               const float *w_scales /* [M] */, int64_t K,
