@@ -117,14 +117,26 @@ def gemv_w2a8_rope_append_kv(w, x_q, s, k_cache, v_cache, position, theta=BITNET
     M, K = w.shape
     xa = _arrays.check(arrays["x_q"], "x_q", "int8", (1, K))
     sa = _arrays.check(arrays["s"], "s", "float32", (1,))
-    kc = _arrays.check(arrays["k_cache"], "k_cache", FLOAT_DTYPES, (1, None, None, None))
+    theta = rope_theta(theta)
+    kc, heads, out, oa, pos = qkv_rope_arrays(arrays, M, FLOAT_DTYPES, out, position)
+    _ffi.call("gemv_w2a8_rope_append_kv", device, DTYPE_CODES[kc.dtype],
+              arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"), K,
+              xa.cptr("int8_t *"), sa.cptr("float *"), *heads, oa.cptr(), kc.cptr(),
+              arrays["v_cache"].cptr(), kc.shape[1], pos.cptr("int32_t *"), float(theta),
+              handle)
+    return out
+
+
+def qkv_rope_arrays(arrays, M, dtypes, out, position):
+    """The checked caches of a fused QKV + RoPE op over M weight rows: (k_cache's Array, (Hq, Hkv,
+    D), out, out's Array, the position as an int32 array [1] on the caches' device)."""
+    kc = _arrays.check(arrays["k_cache"], "k_cache", dtypes, (1, None, None, None))
     _, C, Hkv, D = kc.shape
     _arrays.check(arrays["v_cache"], "v_cache", kc.dtype, (1, C, Hkv, D))
     if M % D or M // D <= 2 * Hkv:
         raise InvalidArgumentError(f"w: {M} rows are not Hq + 2 x {Hkv} heads of D = {D} (the "
                                    "caches' head count and size) with Hq >= 1")
     Hq = M // D - 2 * Hkv
-    theta = rope_theta(theta)
 
     def check_range(host):
         if not 0 <= host[0] < C:
@@ -133,11 +145,7 @@ def gemv_w2a8_rope_append_kv(w, x_q, s, k_cache, v_cache, position, theta=BITNET
     out, oa = _arrays.output(arrays, "out", out, kc, (1, 1, Hq, D), kc.dtype)
     positions = [position] if isinstance(position, numbers.Integral) else position
     pos = _arrays.int32_per_row(positions, "position", 1, kc, check_range)
-    _ffi.call("gemv_w2a8_rope_append_kv", device, DTYPE_CODES[kc.dtype],
-              arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"), K,
-              xa.cptr("int8_t *"), sa.cptr("float *"), Hq, Hkv, D, oa.cptr(), kc.cptr(),
-              arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"), float(theta), handle)
-    return out
+    return kc, (Hq, Hkv, D), out, oa, pos
 
 
 ACTIVATIONS = {"relu2": 0, "silu": 1}  # bitnet_activation

@@ -22,6 +22,8 @@ from .config import Config
 from .cuda_graph import Graph, Stream
 from .decode_layer import decode_layer, decode_layer_workspace_size, fused_layer_supported
 from .errors import InvalidArgumentError
+from .fused_norm import (gemv_w2a8_add_norm_stats, norm_stats_slots, rmsnorm_gemv_w2a8,
+                         rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import gemv_w2a8_rope_append_kv, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
@@ -98,6 +100,15 @@ def qkv_rope_supported(config, layers, batch):
             and all(layer.qkv.block_scales is None for layer in layers))
 
 
+def fuse_norms_supported(config, layers, batch):
+    """Whether a decode step of `batch` sequences can take the input norms inside the GEMVs around
+    them (bitnet_ffi.fused_norm): one sequence, a hidden size the GPU kernel takes (K <= 8192),
+    eps > 0, and one scale per row of the QKV, o, gate|up and down weights."""
+    return (batch == 1 and config.hidden <= 8192 and config.eps > 0
+            and all(getattr(layer, name).block_scales is None
+                    for layer in layers for name in ("qkv", "o", "gate_up", "down")))
+
+
 class Session:
     """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
 
@@ -113,13 +124,19 @@ class Session:
 
     fuse_qkv_rope: where qkv_rope_supported, a one-sequence decode step takes the QKV projection,
     RoPE and the KV-cache append as one ``gemv_w2a8_rope_append_kv`` op (the same values as the
-    two ops it replaces). On by default; off, for comparing the two."""
+    two ops it replaces). On by default; off, for comparing the two.
+
+    fuse_norms: where fuse_norms_supported, a one-sequence decode step runs each input norm inside
+    the GEMVs around it: the o and down projections add to h and leave the norm's statistics, the
+    QKV and gate|up projections quantize rmsnorm(h) from them (bitnet_ffi.fused_norm; the same
+    codes up to the float32 rounding of the sum of squares). On by default; off, for comparing."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append",
-             "qkv + rope + kv append", "attention",
+             "qkv + rope + kv append", "gemv_w2a8 + norm", "attention",
              "decode layer (fused)", "output head", "argmax", "bookkeeping")
 
-    def __init__(self, weights, batch, capacity, device, fused=False, fuse_qkv_rope=True):
+    def __init__(self, weights, batch, capacity, device, fused=False, fuse_qkv_rope=True,
+                 fuse_norms=True):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
         self.device = device
         self.stream = Stream(device) if device != _arrays.CPU else None
@@ -136,6 +153,7 @@ class Session:
                                        "that decode_layer supports (fused_layer_supported)")
         self.fused = fused
         self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(c, weights.layers, batch)
+        self.fuse_norms = fuse_norms and fuse_norms_supported(c, weights.layers, batch)
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
@@ -186,6 +204,8 @@ class Session:
         ws = attention_workspace_size(self.device, self.batch, steps, c.heads, c.kv_heads,
                                       c.head_dim, self.capacity)
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
+        if steps == 1 and self.fuse_norms:
+            b["stats"] = self.alloc((norm_stats_slots(self.device), 2), "float32")
         if steps == 1 and self.fused:
             b["layer_workspace"] = self.alloc(
                 (decode_layer_workspace_size(c, self.device, BF16),), "uint8")
@@ -240,19 +260,31 @@ class Session:
         the last layer's down projection in b["proj"], still to be added to b["h"]."""
         c, w = self.config, self.w
         N = self.batch * steps
+        fuse_norms = steps == 1 and self.fuse_norms
         residual = None
         for index, layer in enumerate(w.layers):
             # attention block: h += o_proj(sub_norm(attention(rope(qkv(norm(h))))))
-            if residual is None:
+            normed = fuse_norms and index > 0  # the previous down projection left the stats
+            if residual is None and not normed:
                 x_q, x_s = self.norm_quantize(b["h"], layer.attn_norm, b)
-            else:
+            elif not normed:
                 x_q, x_s = self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual)
             if steps == 1 and self.fuse_qkv_rope:
-                self.op("qkv + rope + kv append", gemv_w2a8_rope_append_kv, layer.qkv, x_q, x_s,
-                        self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta,
-                        out=b["q"])
+                if normed:
+                    self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8_rope_append_kv, b["h"],
+                            layer.attn_norm, b["stats"], layer.qkv, self.k_cache[index],
+                            self.v_cache[index], self.positions, eps=c.eps, theta=c.theta,
+                            out=b["q"])
+                else:
+                    self.op("qkv + rope + kv append", gemv_w2a8_rope_append_kv, layer.qkv, x_q,
+                            x_s, self.k_cache[index], self.v_cache[index], self.positions,
+                            theta=c.theta, out=b["q"])
             else:
-                self.project(layer.qkv, x_q, x_s, b["qkv"])
+                if normed:
+                    self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, b["h"], layer.attn_norm,
+                            b["stats"], layer.qkv, eps=c.eps, out_dtype=BF16, out=b["qkv"])
+                else:
+                    self.project(layer.qkv, x_q, x_s, b["qkv"])
                 qkv = b["qkv"].reshape(self.batch, steps, c.heads + 2 * c.kv_heads, c.head_dim)
                 self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
                         self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
@@ -261,12 +293,22 @@ class Session:
                     workspace=b["workspace"])
             attn = _arrays.first_rows(b["attn"], N, c.q_dim)
             a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
-            self.project(layer.o, a_q, a_s, b["proj"])
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
-            f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
-            self.project(layer.gate_up, f_q, f_s, b["gate_up"])
+            if fuse_norms:
+                self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.o, a_q, a_s, b["h"],
+                        layer.ffn_norm, stats=b["stats"])
+                self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, b["h"], layer.ffn_norm,
+                        b["stats"], layer.gate_up, eps=c.eps, out_dtype=BF16, out=b["gate_up"])
+            else:
+                self.project(layer.o, a_q, a_s, b["proj"])
+                f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
+                self.project(layer.gate_up, f_q, f_s, b["gate_up"])
             g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
-            self.project(layer.down, g_q, g_s, b["proj"])
+            if fuse_norms and index + 1 < len(w.layers):
+                self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.down, g_q, g_s,
+                        b["h"], w.layers[index + 1].attn_norm, stats=b["stats"])
+            else:
+                self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
             if progress:
                 progress(index + 1, len(w.layers))
@@ -397,11 +439,13 @@ class Session:
         breakdown = {}
         # the kinds the decode step issues: a fused layer replaces the per-layer projections, RoPE
         # and attention (its norms are inside it too; the final norm stays apart); otherwise RoPE
-        # comes with the QKV projection or apart
-        absent = ({"gemv_w2a8", "rope + kv append", "qkv + rope + kv append", "attention"}
-                  if self.fused else {"decode layer (fused)"})
+        # comes with the QKV projection or apart, and the input norms inside the GEMVs or apart
+        absent = ({"gemv_w2a8", "rope + kv append", "qkv + rope + kv append", "gemv_w2a8 + norm",
+                   "attention"} if self.fused else {"decode layer (fused)"})
         if not self.fused:
             absent.add("rope + kv append" if self.fuse_qkv_rope else "qkv + rope + kv append")
+            if not self.fuse_norms:
+                absent.add("gemv_w2a8 + norm")
         kinds = [k for k in self.KINDS if k not in absent]
         for kind in kinds:
             self.only = {kind}

@@ -515,6 +515,30 @@ def valid_call(entry, mem, rng):
                                 v_cache=put(poison((3, 1, 8), fd)), C=3,
                                 position=put(np.array([1], np.int32)), theta=10000.0,
                                 stream=NULL), ("q", "k_cache", "v_cache"))
+    if entry == "gemv_w2a8_add_norm_stats":  # M = 32 rows: on a GPU a grid of 8 blocks
+        return Call(entry, dict(device=d, dtype=code,
+                                w_packed=put(rng.integers(0, 255, 32 * 32, dtype=np.uint8)),
+                                w_scales=put(np.ones(32, np.float32)), M=32, K=128,
+                                x_q=put(rng.integers(-128, 128, 128, dtype=np.int8)),
+                                x_scale=put(np.full(1, 50.0, np.float32)),
+                                h=put(values(rng, (32,), fd)), norm_weight=put(values(rng, (32,), fd)),
+                                stats=put(poison((16, 2), "float32")), slots=16, stream=NULL),
+                    ("h", "stats"))
+    if entry in ("rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv"):
+        stats = np.zeros((4, 2), np.float32)
+        stats[0] = (128.0, 2.5)  # a sum of squares and max |h w| the values could have
+        normed = dict(device=d, dtype=code, h=put(values(rng, (128,), fd)),
+                      norm_weight=put(values(rng, (128,), fd)), stats=put(stats), slots=4, eps=1e-5,
+                      w_packed=put(rng.integers(0, 255, 32 * 32, dtype=np.uint8)),
+                      w_scales=put(np.ones(32, np.float32)))
+        if entry == "rmsnorm_gemv_w2a8":
+            return Call(entry, dict(**normed, M=32, K=128, y=put(poison((32,), "float32")),
+                                    y_dtype=0, stream=NULL), ("y",))
+        return Call(entry, dict(**normed, K=128, Hq=2, Hkv=1, D=8, q=put(poison((2, 8), fd)),
+                                k_cache=put(poison((3, 1, 8), fd)),
+                                v_cache=put(poison((3, 1, 8), fd)), C=3,
+                                position=put(np.array([1], np.int32)), theta=10000.0,
+                                stream=NULL), ("q", "k_cache", "v_cache"))
     if entry == "relu2_gate":
         return Call(entry, dict(device=d, dtype=code, T=3, F=5, gate_up=put(values(rng, (3, 10), fd)),
                                 out=put(poison((3, 5), fd)), stream=NULL), ("out",))

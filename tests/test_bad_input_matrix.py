@@ -63,7 +63,8 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv",
-              "gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
+              "gemv_w2a8_rope_append_kv", "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8",
+              "rmsnorm_gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
               "decode_layer_workspace_size")
 
@@ -298,6 +299,45 @@ MUTATIONS = {
                           "position"))
       + overlaps(("q", "x_q", ("x_q", "q")), ("v_cache", "k_cache", ("k_cache", "v_cache")),
                  ("position", "q", ("q", "position"))),
+    "gemv_w2a8_add_norm_stats": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("M", 1 << 61, INVALID, "overflow a 64-bit byte count"),
+        Mutation("slots", 0, INVALID, "slots must be positive"),
+        Mutation("slots", -1, INVALID, "slots must be positive"),
+        Mutation("slots", BIG, INVALID, "overflow a 64-bit byte count"),
+        Mutation("slots", 1, INVALID, "stats has 1 slots, the launch needs 8", "gpu"),
+    ] + pointers("w_packed", "w_scales", "x_q", "x_scale", "h", "norm_weight", "stats",
+                 aligned=("w_packed", "w_scales", "x_q", "x_scale", "h", "norm_weight", "stats"))
+      + overlaps(("x_scale", "h", ("x_scale", "h")), ("norm_weight", "h", ("h", "norm_weight"))),
+    "rmsnorm_gemv_w2a8": bad_devices() + non_positive(TERNARY, "M", "K") + [
+        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
+        Mutation("K", 16384, UNSUPPORTED, "over the CUDA kernel's limit for a normed input", "gpu"),
+        Mutation("eps", 0.0, INVALID, "eps must be finite and > 0"),
+        Mutation("eps", math.nan, INVALID, "eps must be finite"),
+        Mutation("slots", 0, INVALID, "slots must be positive"),
+        Mutation("slots", 600, UNSUPPORTED, "600 stats slots are over the CUDA kernel's limit", "gpu"),
+        Mutation("y_dtype", 3, UNSUPPORTED, "int8 is not supported"),
+        Mutation("y_dtype", 50, INVALID, "is not a bitnet_dtype"),
+    ] + pointers("h", "norm_weight", "stats", "w_packed", "w_scales", "y",
+                 aligned=("h", "norm_weight", "stats", "w_packed", "w_scales", "y"))
+      + overlaps(("h", "y", ("h", "y")), ("norm_weight", "y", ("norm_weight", "y"))),
+    "rmsnorm_gemv_w2a8_rope_append_kv": bad_devices()
+    + non_positive("must be positive", "Hq", "Hkv", "D", "C") + non_positive(TERNARY, "K") + [
+        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("D", 6, INVALID, "must be a multiple of 4"),
+        Mutation("eps", -1.0, INVALID, "eps must be finite and > 0"),
+        Mutation("slots", 0, INVALID, "slots must be positive"),
+        Mutation("theta", math.nan, INVALID, "theta must be finite"),
+        Mutation("position", np.array([3], np.int32), INVALID, "outside the cache", "cpu"),
+    ] + pointers("h", "norm_weight", "stats", "w_packed", "w_scales", "q", "k_cache", "v_cache",
+                 "position", aligned=("h", "norm_weight", "stats", "w_packed", "w_scales", "q",
+                                      "k_cache", "v_cache", "position"))
+      + overlaps(("q", "h", ("h", "q")), ("v_cache", "k_cache", ("k_cache", "v_cache"))),
     "rope_append_kv": bad_devices()
     + non_positive("must be positive", "B", "S", "Hq", "Hkv", "D", "C") + [
         Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
@@ -548,6 +588,9 @@ RUNTIME_CASES = [
     ("set_current_device", [-1], (INVALID, "not a CUDA device index")),
     ("set_current_device", [4096], (NO_DEVICE, "does not exist")),
     ("peer_buffer_size", [16, "NULL"], (INVALID, "bytes is NULL")),
+    ("norm_stats_slots", [-1, "NULL"], (INVALID, "slots is NULL")),
+    ("norm_stats_slots", [-2, "out:int64_t *"], (INVALID, "neither the CPU")),
+    ("norm_stats_slots", [4096, "out:int64_t *"], (NO_DEVICE, "does not exist")),
     ("peer_buffer_size", [0, "out:int64_t *"], (INVALID, "max_bytes must be in")),
     ("ipc_get_handle", [0, "fake", "NULL"], (INVALID, "handle is NULL")),
     ("ipc_get_handle", [-1, "fake", "out:bitnet_ipc_handle *"], (INVALID, "not a CUDA device")),

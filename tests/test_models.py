@@ -798,7 +798,7 @@ def test_cli_errors_are_clear(capsys, tmp_path):
 
 def teacher_forced(model, ref, **session_options):
     """(tokens, float64 logits of each step) of a one-sequence Session (session_options: its
-    fused or fuse_qkv_rope) prefilled with the reference's prompt and decoded along
+    fused, fuse_qkv_rope or fuse_norms) prefilled with the reference's prompt and decoded along
     transformers' tokens."""
     from bitnet_ffi.model import Session
     session = Session(model.weights, 1, 128, model.device, **session_options)
@@ -824,6 +824,29 @@ def test_fused_qkv_rope_gives_the_unfused_logits(name, device):
     fused_tokens, fused_logits = teacher_forced(model, ref, fuse_qkv_rope=True)
     np.testing.assert_array_equal(fused_logits, logits)
     assert fused_tokens == tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["bitnet-packed", "llama-silu", "bitnet-padded"])
+def test_fused_norms_give_the_unfused_tokens(name, device):
+    """A decode step whose input norms run inside the GEMVs around them (the default for one
+    sequence) against the step with norm ops of their own, teacher-forced along transformers'
+    tokens: on the CPU the same logits bit for bit (its producer sums the squares in the CPU
+    norm's order); on a GPU, where the two sums of squares are added in different orders and a
+    code may move by one, logits within the bound of test_fixture_matches_transformers and the
+    same greedy token at every step."""
+    model = Model.load(fixture(name), device=device, progress=False)
+    ref = reference(name)
+    tokens, logits = teacher_forced(model, ref, fuse_norms=False)
+    fused_tokens, fused_logits = teacher_forced(model, ref, fuse_norms=True)
+    assert fused_tokens == tokens
+    if device == "cpu":
+        np.testing.assert_array_equal(fused_logits, logits)
+        return
+    bound = LOGIT_BOUND * max(relative(h, f) for h, f in zip(ref["logits_bf16_0"], ref["logits0"]))
+    for step in range(STEPS):
+        error = relative(fused_logits[step], logits[step])
+        assert error <= bound, f"{name} step {step}: logits error {error:.4f} > {bound:.4f}"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,10 +4,11 @@ GPU: 2B4T shapes, batch 1, the KV cache filled to each context length by a prefi
 CUDA graph timed by replays (Session.time_decode), the per-op breakdown of each, and whether the
 two give the same greedy tokens over --tokens steps from the same prompt.
     python tools/bench_decode.py [--contexts 1024 4096] [--layers 30] [--tokens 32] [--json out]
-        [--fused-only | --unfused-only] [--no-qkv-rope]
+        [--fused-only | --unfused-only] [--no-qkv-rope] [--no-fused-norms]
 A row's "us" is the fused step's µs, or with --unfused-only the op sequence's (for
 tools/dev/ab_variants.sh's table). --no-qkv-rope: the op sequence runs the QKV projection and RoPE as
-two ops (Session(fuse_qkv_rope=False)), not as gemv_w2a8_rope_append_kv.
+two ops (Session(fuse_qkv_rope=False)), not as gemv_w2a8_rope_append_kv. --no-fused-norms: the op
+sequence runs the input norms as ops of their own (Session(fuse_norms=False)), not inside the GEMVs.
 """
 import argparse
 import json
@@ -35,6 +36,8 @@ def main():
                       help="time the op sequence alone (no comparison)")
     parser.add_argument("--no-qkv-rope", action="store_true",
                         help="the QKV projection and RoPE as two ops")
+    parser.add_argument("--no-fused-norms", action="store_true",
+                        help="the input norms as ops of their own")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
     config = Config(**{**BITNET_2B4T.__dict__, "layers": args.layers})
@@ -48,7 +51,8 @@ def main():
         for fused in paths:
             name = "fused" if fused else "unfused"
             session = Session(weights, 1, context + args.tokens + REPLAYS + 1, args.device,
-                              fused=fused, fuse_qkv_rope=not args.no_qkv_rope)
+                              fused=fused, fuse_qkv_rope=not args.no_qkv_rope,
+                              fuse_norms=not args.no_fused_norms)
             first = session.prefill(prompt)
             step_ms, op_ms = session.time_decode(REPLAYS)
             tokens[name] = [int(first[0])] + [int(session.decode()[0]) for _ in range(args.tokens)]

@@ -314,6 +314,62 @@ bitnet_status bitnet_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype,
                                               const int32_t *position /* [1] */, float theta,
                                               void *stream);
 
+/* ---- The input RMSNorm fused into the GEMVs around it (one token: a decode step of one sequence) ----
+ * A projection whose output is added to the residual h (o, down) leaves the statistics of the next
+ * RMSNorm of h in `stats`; the next projection (QKV, gate|up) then quantizes rmsnorm(h) itself from
+ * them, so no norm op runs between the two (docs/rmsnorm.md, "The norm inside the GEMVs").
+ * stats: float32 [slots, 2], per slot a partial sum of h^2 and max |h * norm_weight| (NaN if any
+ * product is); `slots` from bitnet_norm_stats_slots for the device (1 on the CPU). */
+
+/* The slots of a stats array that bitnet_gemv_w2a8_add_norm_stats fills on this device. */
+bitnet_status bitnet_norm_stats_slots(int32_t device, int64_t *slots);
+
+/* h[m] += y[m] for the M outputs y of bitnet_gemv_w2a8 of one token (y rounded to dtype, the sum
+ * rounded to dtype: bitnet_rmsnorm's residual add, bit for bit), and the statistics of the new h
+ * with norm_weight into stats (every slot written). dtype: float16 or bfloat16 (float32 too on the
+ * CPU), for h and norm_weight. slots: at least bitnet_norm_stats_slots. The sizes and alignments of
+ * bitnet_gemv_w2a8 apply; no arrays may overlap. Programmatic dependent launch on a GPU. */
+bitnet_status bitnet_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
+                                              const uint8_t *w_packed /* [M, K/4] */,
+                                              const float *w_scales /* [M] */, int64_t M,
+                                              int64_t K, const int8_t *x_q /* [K] */,
+                                              const float *x_scale /* [1] */,
+                                              void *h /* [M] in/out */,
+                                              const void *norm_weight /* [M] */,
+                                              float *stats /* [slots, 2] */, int64_t slots,
+                                              void *stream);
+
+/* bitnet_gemv_w2a8 of one token on x = the int8 codes of rmsnorm(h) * norm_weight (eps > 0): the
+ * rules of bitnet_rmsnorm's y_q and y_scales, with the sum of squares and max |h * norm_weight|
+ * taken from stats (the float32 sum over the slots; where the mean square it gives is not a normal
+ * float, h's squares summed again in float64, as bitnet_rmsnorm does). The codes equal
+ * bitnet_rmsnorm's wherever the two float32 sums of squares, added in different orders, give the
+ * same 1 / RMS (else a code may move by one). dtype: float16 or bfloat16 (float32 too on the CPU)
+ * for h and norm_weight; y_dtype as bitnet_gemv_w2a8's. h and norm_weight 16-byte aligned. On a
+ * GPU, K <= 8192 and slots <= 512. No arrays may overlap. Programmatic dependent launch on a GPU. */
+bitnet_status bitnet_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void *h /* [K] */,
+                                       const void *norm_weight /* [K] */,
+                                       const float *stats /* [slots, 2] */, int64_t slots,
+                                       float eps, const uint8_t *w_packed /* [M, K/4] */,
+                                       const float *w_scales /* [M] */, int64_t M, int64_t K,
+                                       void *y /* [M] */, int32_t y_dtype, void *stream);
+
+/* bitnet_gemv_w2a8_rope_append_kv on the codes of rmsnorm(h) * norm_weight, made as
+ * bitnet_rmsnorm_gemv_w2a8 makes them; the limits of both apply. */
+bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype,
+                                                      const void *h /* [K] */,
+                                                      const void *norm_weight /* [K] */,
+                                                      const float *stats /* [slots, 2] */,
+                                                      int64_t slots, float eps,
+                                                      const uint8_t *w_packed /* [M, K/4] */,
+                                                      const float *w_scales /* [M] */, int64_t K,
+                                                      int64_t Hq, int64_t Hkv, int64_t D,
+                                                      void *q /* [Hq, D] */,
+                                                      void *k_cache /* [C, Hkv, D] */,
+                                                      void *v_cache /* [C, Hkv, D] */, int64_t C,
+                                                      const int32_t *position /* [1] */,
+                                                      float theta, void *stream);
+
 /* Gate of a GLU on the fused gate|up projection: out[t, f] = act(gate_up[t, f]) * gate_up[t, F + f],
  * computed in float32; act (a bitnet_activation): relu2 max(g, 0)^2, or silu g / (1 + e^-g) with
  * expf (CPU and GPU may differ by an ulp of float32 before rounding to dtype). */

@@ -355,6 +355,48 @@ bitnet_status bn_cuda_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype,
                                                int64_t Hq, int64_t Hkv, int64_t D, void *q,
                                                void *k_cache, void *v_cache, int64_t C,
                                                const int32_t *position, float theta, void *stream);
+/* The CPU norms sum a row's squares in this many partial sums, element i into partial i % LANES,
+ * then the partials in order (cpu/rmsnorm.c; cpu/gemv_w2a8_norm.c sums in the same order). */
+enum { BN_CPU_NORM_LANES = 16 };
+/* The scalar checks of the fused QKV + RoPE entry points (gemv_w2a8_rope_append_kv.c), and the
+ * CPU's check of the position that their GPU kernels check themselves. */
+bitnet_status bn_check_qkv_rope(const char *fn, int64_t K, int64_t Hq, int64_t Hkv, int64_t D,
+                                int64_t C, float theta);
+bitnet_status bn_check_cpu_position(const char *fn, const int32_t *position, int64_t C);
+/* The input RMSNorm fused into the GEMVs (arguments checked; stats as double [slots][2]): the CPU
+ * (cpu/gemv_w2a8_norm.c) fills one slot and quantizes into a row of its own before the plain ops;
+ * the GPU runs the one-token kernel's fused forms (cuda/gemv_w2a8.cu). */
+bitnet_status bn_cpu_gemv_w2a8_add_norm_stats(int32_t dtype, const uint8_t *w_packed,
+                                              const float *w_scales, int64_t M, int64_t K,
+                                              const int8_t *x_q, const float *x_scale, void *h,
+                                              const void *norm_weight, float *stats,
+                                              int64_t slots);
+bitnet_status bn_cpu_rmsnorm_gemv_w2a8(int32_t dtype, const void *h, const void *norm_weight,
+                                       const float *stats, int64_t slots, float eps,
+                                       const uint8_t *w_packed, const float *w_scales, int64_t M,
+                                       int64_t K, void *y, int32_t y_dtype);
+bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
+    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
+    float eps, const uint8_t *w_packed, const float *w_scales, int64_t K, int64_t Hq, int64_t Hkv,
+    int64_t D, void *q, void *k_cache, void *v_cache, int64_t C, const int32_t *position,
+    float theta);
+bitnet_status bn_cuda_norm_stats_slots(int32_t device, int64_t *slots);
+bitnet_status bn_cuda_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
+                                               const uint8_t *w_packed, const float *w_scales,
+                                               int64_t M, int64_t K, const int8_t *x_q,
+                                               const float *x_scale, void *h,
+                                               const void *norm_weight, float *stats,
+                                               int64_t slots, void *stream);
+bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void *h,
+                                        const void *norm_weight, const float *stats,
+                                        int64_t slots, float eps, const uint8_t *w_packed,
+                                        const float *w_scales, int64_t M, int64_t K, void *y,
+                                        int32_t y_dtype, void *stream);
+bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(
+    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
+    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t K,
+    int64_t Hq, int64_t Hkv, int64_t D, void *q, void *k_cache, void *v_cache, int64_t C,
+    const int32_t *position, float theta, void *stream);
 /* bitnet_decode_layer: the CPU runs the unfused sequence of its CPU ops through the workspace
  * (cpu/decode_layer.c); the GPU runs one cooperative kernel (cuda/decode_layer.cu). */
 int64_t bn_cpu_decode_layer_workspace_size(int32_t dtype, const bitnet_decode_layer_config *c);

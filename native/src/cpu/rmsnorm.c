@@ -12,7 +12,7 @@
 
 #include "../internal.h"
 
-enum { CHUNK = 256, LANES = 16 };
+enum { CHUNK = 256, LANES = BN_CPU_NORM_LANES };
 /* A row whose 1 / RMS is beyond float32 is normalized as v * TINY_ROW_SCALE (norm_row). */
 static const float TINY_ROW_SCALE = 0x1p64f;
 

@@ -17,9 +17,15 @@
  *   x that turn codes into W_q are taken during a block's first tile, which is compiled apart.
  * Both mask the codes in place where they can (dp4a and mma with unsigned weight bytes, partial
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
- * - bitnet_gemv_w2a8_rope_append_kv: the one-token kernel with a RoPE epilogue (gemv_one_token_rope:
- *   rope_row's order puts the two rows of each RoPE pair in lanes l and l ^ 8 of a warp, which
- *   rotate them as they store them to q and the KV cache).
+ * - The fused one-token forms (gemv_one_token_fused), one kernel each:
+ *   - bitnet_gemv_w2a8_rope_append_kv, a RoPE epilogue: rope_row's order puts the two rows of each
+ *     RoPE pair in lanes l and l ^ 8 of a warp, which rotate them as they store them to q and the
+ *     KV cache;
+ *   - bitnet_gemv_w2a8_add_norm_stats, an epilogue that adds each output to the residual and leaves
+ *     the block's sum of squares and max |v w| of the new residual in its stats slot;
+ *   - bitnet_rmsnorm_gemv_w2a8 (and its RoPE form), a prologue that makes x from h and those slots:
+ *     every block sums the slots and quantizes the RMSNorm of h itself, so no norm kernel runs
+ *     between the two GEMVs.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py, BENCHMARKS.md, 2026-11-26): 55296x5120 24.0 us = 2960 GB/s (95% of read
@@ -27,6 +33,9 @@
  * 2560x2560 2.6 us. Why each constant has its value: docs/developing.md's rules and docs/log/. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <float.h>
+
 
 #include <type_traits>
 
@@ -159,13 +168,128 @@ __device__ __forceinline__ void store_rope(const RopeArgs &r, int row, float y, 
     else static_cast<T *>(r.k_cache)[cache_row + row - r.Hq * r.D] = out;
 }
 
+/* The norm statistics that bitnet_gemv_w2a8_add_norm_stats leaves for bitnet_rmsnorm_gemv_w2a8: per
+ * slot (a block of the producer; the slots past its grid zero) the float32 sum of v^2 and the max
+ * |v w| (NaN if any product is) of its rows of the new residual v, w the next norm's weight. */
+struct NormStats {
+    float sum, max;
+};
+
+/* The producer's epilogue (kAddStats): residual[m] += y[m] as bitnet_rmsnorm's residual add does
+ * (y rounded to T, the sum rounded to T), the statistics of the stored values into the slots. */
+struct AddStatsArgs {
+    void *residual;
+    const void *norm_weight;
+    NormStats *stats;
+    int slots;
+};
+
+/* The consumer's prologue (kNormed): x = the int8 codes of rmsnorm(h) * norm_weight with eps, as
+ * bitnet_rmsnorm's y_q and y_scales, 1 / RMS from the summed slots. */
+struct NormedInputArgs {
+    const void *h;
+    const void *norm_weight;
+    const NormStats *stats;
+    int slots;
+    float eps;
+};
+
+enum OneTokenInput { kCodes, kNormed };
+enum OneTokenOutput { kStore, kRope, kAddStats };
+
+struct FusedArgs {
+    RopeArgs rope;
+    AddStatsArgs add;
+    NormedInputArgs in;
+};
+
+/* The normed input: K <= 16 * kThreads * kNormedPieces, and at most 32 * kSlotsPerLane slots. */
+constexpr int kNormedPieces = 2;
+constexpr int kSlotsPerLane = 16;
+constexpr int kMaxSlots = 32 * kSlotsPerLane;
+
+__device__ __forceinline__ NormStats combine(NormStats a, NormStats b) {
+    return {a.sum + b.sum, bn_fmax_nan(a.max, b.max)};
+}
+
+__device__ __forceinline__ NormStats shuffle_combine(NormStats v, int lane_mask) {
+    return combine(v, {__shfl_xor_sync(~0u, v.sum, lane_mask), __shfl_xor_sync(~0u, v.max, lane_mask)});
+}
+
+/* The slots summed by one warp, in a fixed order (every warp of every block finds the same):
+ * lane l takes slots l, l + 32, ... and adds them pairwise, then the lanes' partials meet by
+ * shuffles. No barrier. */
+__device__ __forceinline__ NormStats sum_slots(const NormedInputArgs &in) {
+    const int lane = threadIdx.x % 32;
+    NormStats slot[kSlotsPerLane];
+#pragma unroll
+    for (int j = 0; j < kSlotsPerLane; j++)
+        if (lane + 32 * j < in.slots) {
+            const float2 v = __ldg(reinterpret_cast<const float2 *>(in.stats) + lane + 32 * j);
+            slot[j] = {v.x, v.y};
+        } else {
+            slot[j] = {0.0f, 0.0f};
+        }
+#pragma unroll
+    for (int half = kSlotsPerLane / 2; half > 0; half /= 2)
+#pragma unroll
+        for (int j = 0; j < half; j++) slot[j] = combine(slot[j], slot[j + half]);
+    NormStats v = slot[0];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v = shuffle_combine(v, offset);
+    return v;
+}
+
+/* The sum of every thread's v, in float64, in every thread (the consumer's rare path). */
+__device__ double block_sum(double v) {
+    __shared__ double warps[kWarps];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(~0u, v, offset);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
+    __syncthreads();
+    double all = 0.0;
+    for (int w = 0; w < kWarps; w++) all += warps[w];
+    return all;
+}
+
+/* Element j (0..7) of 8 values of T packed in 16 bytes, as float, without taking the vector's address
+ * (which would put it in local memory). */
+template <typename T> __device__ __forceinline__ float element(const uint4 &v, int j) {
+    const uint32_t word = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+    const uint32_t bits = j % 2 ? word >> 16 : word & 0xFFFFu;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(bits << 16);
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+/* 16 codes of the normed input from 16 values of h and of the norm weight (two 16-byte vectors
+ * each), with rmsnorm.cu's write_outputs rule; returns them as one int4. */
+template <typename T>
+__device__ __forceinline__ int4 normed_codes(const uint4 (&h)[2], const uint4 (&w)[2], float r_scale, bool finite) {
+    uint32_t words[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const int j = (q % 2) * 4 + b;
+            const float p = element<T>(h[q / 2], j) * element<T>(w[q / 2], j);
+            const float c = finite ? p * r_scale : fminf(fmaxf(p * r_scale, -128.0f), 127.0f);
+            word |= (__float_as_uint(__fadd_rn(c, 12582912.0f)) & 0xFFu) << (8 * b);
+        }
+        words[q] = word;
+    }
+    return make_int4(words[0], words[1], words[2], words[3]);
+}
+
 /* PREFETCH: how many steps after the first the kernel requests into L2 while it stages x (see
  * below); 0 for rows of at most 2 steps. BLOCK_MAJOR_TAIL: where the tiles take more than one
- * round of the grid's warps (see below). ROPE: void for the GEMV, else the dtype T of the RoPE
- * epilogue (RopeArgs), which takes the rows in rope_row's order. */
-template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename ROPE>
-__device__ __forceinline__ void one_token(const GemvArgs &a, const RopeArgs &rope) {
-    constexpr bool kRope = !std::is_void_v<ROPE>;
+ * round of the grid's warps (see below). T: void for the plain GEMV, else the dtype of the fused
+ * forms' h, residual, q and caches. INPUT: x as codes, or normed from h (NormedInputArgs). OUTPUT:
+ * y stored, rotated (RopeArgs: the rows in rope_row's order) or added (AddStatsArgs). */
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT>
+__device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f) {
+    constexpr bool kRotate = OUTPUT == kRope;
+    const RopeArgs &rope = f.rope;
     extern __shared__ int4 shared[];
     int8_t *x_tile = reinterpret_cast<int8_t *>(shared);
     int *warp_x_sums = reinterpret_cast<int *>(x_tile + a.K);
@@ -189,7 +313,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const RopeArgs &rop
     /* This lane's row of a tile, and its chunk u of a step of that row. */
     auto lane_row = [&](int tile_) {
         const int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
-        return kRope ? rope_row(rope, row) : row;
+        return kRotate ? rope_row(rope, row) : row;
     };
     auto lane_chunk = [&](int iteration, int u) { return (iteration * kChunksPerLane + u) * kLanesPerRow + sub; };
 
@@ -223,38 +347,115 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const RopeArgs &rop
 
     /* RoPE: the inverse frequency of this lane's pair in a tile (0 past the last tile) */
     auto inv_freq = [&](int tile_) {
-        return kRope && tile_ < tiles ? bn_rope_inv_freq(lane_row(tile_) % rope.D % (rope.D / 2), rope.D,
+        return kRotate && tile_ < tiles ? bn_rope_inv_freq(lane_row(tile_) % rope.D % (rope.D / 2), rope.D,
                                                          rope.log2_theta)
                                       : 0.0;
     };
 
-    /* The weights, their scales and RoPE's frequencies never depend on the previous kernel. */
+    /* AddStats: the next norm's weight of this lane's row (the residual is read after the wait) */
+    auto row_norm_weight = [&](int tile_) {
+        int row = lane_row(tile_);
+        if constexpr (OUTPUT == kAddStats)
+            return tile_ < tiles && row < a.M ? to_float(static_cast<const T *>(f.add.norm_weight)[row]) : 0.0f;
+        return 0.0f;
+    };
+    auto row_residual = [&](int tile_) {
+        int row = lane_row(tile_);
+        if constexpr (OUTPUT == kAddStats)
+            return tile_ < tiles && row < a.M ? to_float(static_cast<const T *>(f.add.residual)[row]) : 0.0f;
+        return 0.0f;
+    };
+
+    /* The weights, their scales, RoPE's frequencies and the norm weights never depend on the
+     * previous kernel. */
     uint4 w[kChunksPerLane];
     if (tile < tiles) load(w, tile, 0);
     float w_scale = row_scale(tile);
     double freq = inv_freq(tile);
+    float norm_w = row_norm_weight(tile);
+    uint4 in_w[kNormedPieces][2] = {};
+    if constexpr (INPUT == kNormed) {
+#pragma unroll
+        for (int i = 0; i < kNormedPieces; i++) {
+            const int piece = threadIdx.x + i * kThreads;
+            if (piece < a.K / 16) {
+                in_w[i][0] = static_cast<const uint4 *>(f.in.norm_weight)[2 * piece];
+                in_w[i][1] = static_cast<const uint4 *>(f.in.norm_weight)[2 * piece + 1];
+            }
+        }
+    }
     bn_pdl_launch_dependents();
     bn_pdl_wait();
-    const int position = kRope ? *rope.position : 0;
+    const int position = kRotate ? *rope.position : 0;
+    float residual = row_residual(tile);
     /* Long rows: staging x (K bytes per block) keeps the loop from issuing the second step's loads,
      * so HBM would idle for this SM meanwhile; an L2 prefetch of that one step fills the gap (two
      * steps, or before the PDL wait, did worse). Rows of at most 2 steps take PREFETCH = 0, where a
      * prefetch was slower (docs/log/2026-11-23.md#2026-11-23-26). */
     for (int step = 1; step <= PREFETCH && step < iterations && tile < tiles; step++)
         prefetch(tile, step);
-    const float x_scale = a.x_scales[0];
-    int x_sum = stage_x(a, x_tile);
+    float x_scale;
+    int x_sum = 0;
+    if constexpr (INPUT == kNormed) {
+        uint4 h[kNormedPieces][2] = {};
+#pragma unroll
+        for (int i = 0; i < kNormedPieces; i++) {
+            const int piece = threadIdx.x + i * kThreads;
+            if (piece < a.K / 16) {
+                h[i][0] = static_cast<const uint4 *>(f.in.h)[2 * piece];
+                h[i][1] = static_cast<const uint4 *>(f.in.h)[2 * piece + 1];
+            }
+        }
+        const NormStats all = sum_slots(f.in);
+        /* 1 / RMS and the code scale, with bitnet_rmsnorm's rules (inverse_rms with eps > 0,
+         * row_scale in rmsnorm.cu): where the float32 mean square is not a normal float, from the
+         * float64 sum of squares of h (every thread takes this branch or none) */
+        const float mean_square = all.sum / static_cast<float>(a.K) + f.in.eps;
+        float r;
+        if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
+            r = 1.0f / sqrtf(mean_square);
+        } else {
+            double sum = 0.0;
+#pragma unroll
+            for (int i = 0; i < kNormedPieces; i++)
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const double v = element<T>(h[i][j / 8], j % 8);
+                    sum += v * v;
+                }
+            sum = block_sum(sum);
+            r = static_cast<float>(1.0 / sqrt(sum / a.K + static_cast<double>(f.in.eps)));
+        }
+        const float max_y = all.max * r;
+        x_scale = isfinite(max_y) ? 127.0f / fmaxf(max_y, 1e-5f) : bn_nan();
+        const float r_scale = r * x_scale;
+        const bool finite = !isnan(x_scale);
+#pragma unroll
+        for (int i = 0; i < kNormedPieces; i++) {
+            const int piece = threadIdx.x + i * kThreads;
+            if (piece < a.K / 16) {
+                const int4 codes = normed_codes<T>(h[i], in_w[i], r_scale, finite);
+                *reinterpret_cast<int4 *>(x_tile + x_offset(piece / 4, piece % 4)) = codes;
+                x_sum = add_bytes(codes, x_sum);
+            }
+        }
+    } else {
+        x_scale = a.x_scales[0];
+        x_sum = stage_x(a, x_tile);
+    }
     for (int offset = 16; offset > 0; offset /= 2) x_sum += __shfl_xor_sync(~0u, x_sum, offset);
     if (lane == 0) warp_x_sums[threadIdx.x / 32] = x_sum;
     __syncthreads();
     x_sum = 0;
     for (int warp = 0; warp < kWarps; warp++) x_sum += warp_x_sums[warp];
 
+    NormStats stats = {0.0f, 0.0f}; /* AddStats: this lane's rows of the new residual */
     for (; tile < tiles; tile = next_of(tile)) {
         const float next_w_scale = row_scale(next_of(tile));
+        const float next_norm_w = row_norm_weight(next_of(tile)), next_residual = row_residual(next_of(tile));
         /* RoPE: the cos and sin of this lane's pair (bn_rope_angle's p * inverse frequency) */
         float cs = 0.0f, sn = 0.0f;
-        if constexpr (kRope) {
+        if constexpr (kRotate) {
             double sin_d, cos_d;
             sincos(static_cast<double>(position) * freq, &sin_d, &cos_d);
             cs = static_cast<float>(cos_d);
@@ -289,23 +490,48 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const RopeArgs &rop
         int dot = codes_dot(acc);
         for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(~0u, dot, offset);
         int row = lane_row(tile);
-        if constexpr (kRope)
-            store_rope<ROPE>(rope, row, bn_w2a8_scaled(static_cast<float>(dot - x_sum), w_scale, x_scale), cs, sn,
-                             position, sub == 0 && row < a.M);
-        else if (sub == 0 && row < a.M)
+        if constexpr (OUTPUT == kRope) {
+            store_rope<T>(rope, row, bn_w2a8_scaled(static_cast<float>(dot - x_sum), w_scale, x_scale), cs, sn,
+                          position, sub == 0 && row < a.M);
+        } else if constexpr (OUTPUT == kAddStats) {
+            if (sub == 0 && row < a.M) {
+                const float y = to_float(from_float<T>(bn_w2a8_scaled(static_cast<float>(dot - x_sum), w_scale, x_scale)));
+                const T stored = from_float<T>(residual + y);
+                static_cast<T *>(f.add.residual)[row] = stored;
+                const float v = to_float(stored);
+                stats = combine(stats, {v * v, fabsf(v * norm_w)});
+            }
+        } else if (sub == 0 && row < a.M) {
             store(a, 0, row, dot - x_sum, w_scale, x_scale);
+        }
         w_scale = next_w_scale;
+        norm_w = next_norm_w;
+        residual = next_residual;
+    }
+    if constexpr (OUTPUT == kAddStats) {
+        /* the block's slot: the warps' rows (lanes 0, 8, 16, 24), then the warps, in a fixed order */
+        __shared__ NormStats warps[kWarps];
+        stats = shuffle_combine(shuffle_combine(stats, 8), 16);
+        if (lane == 0) warps[threadIdx.x / 32] = stats;
+        for (int slot = blockIdx.x + gridDim.x * (threadIdx.x + 1); slot < f.add.slots; slot += gridDim.x * kThreads)
+            f.add.stats[slot] = {0.0f, 0.0f};
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            stats = lane < kWarps ? warps[lane] : NormStats{0.0f, 0.0f};
+            for (int offset = kWarps / 2; offset > 0; offset /= 2) stats = shuffle_combine(stats, offset);
+            if (lane == 0) f.add.stats[blockIdx.x] = stats;
+        }
     }
 }
 
 template <int PREFETCH, bool BLOCK_MAJOR_TAIL>
 __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
-    one_token<PREFETCH, BLOCK_MAJOR_TAIL, void>(a, RopeArgs{});
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL, void, kCodes, kStore>(a, FusedArgs{});
 }
 
-template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T>
-__global__ __launch_bounds__(kThreads) void gemv_one_token_rope(const GemvArgs a, const RopeArgs rope) {
-    one_token<PREFETCH, BLOCK_MAJOR_TAIL, T>(a, rope);
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT>
+__global__ __launch_bounds__(kThreads) void gemv_one_token_fused(const GemvArgs a, const FusedArgs f) {
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL, T, INPUT, OUTPUT>(a, f);
 }
 
 /* d += A B, A 16x32 unsigned bytes, B 32x8 signed bytes. */
@@ -632,19 +858,57 @@ GemvArgs gemv_args(const uint8_t *w_packed, const float *w_scales, int64_t M, in
     return a;
 }
 
-/* The RoPE form of the one-token launch: the plain GEMV's plan for M x K. */
-template <typename T>
-bitnet_status launch_rope(const BnGpu &gpu, const GemvArgs &a, const RopeArgs &r, cudaStream_t stream) {
+/* A fused form of the one-token launch: the plain GEMV's plan for M x K. Its grid, at most the
+ * resident blocks, goes to *blocks before the launch; with `max_blocks` > 0 a larger grid is refused
+ * (the producer's stats slots). */
+template <typename T, int INPUT, int OUTPUT>
+bitnet_status launch_fused(const BnGpu &gpu, const GemvArgs &a, const FusedArgs &f, int64_t max_blocks,
+                           cudaStream_t stream) {
     const OneTokenPlan p = plan_one_token(gpu, a.M, a.K);
-    auto kernel = p.long_rows ? (p.rounds ? gemv_one_token_rope<kPrefetchSteps, true, T>
-                                          : gemv_one_token_rope<kPrefetchSteps, false, T>)
-                              : (p.rounds ? gemv_one_token_rope<0, true, T> : gemv_one_token_rope<0, false, T>);
+    auto kernel = p.long_rows ? (p.rounds ? gemv_one_token_fused<kPrefetchSteps, true, T, INPUT, OUTPUT>
+                                          : gemv_one_token_fused<kPrefetchSteps, false, T, INPUT, OUTPUT>)
+                              : (p.rounds ? gemv_one_token_fused<0, true, T, INPUT, OUTPUT>
+                                          : gemv_one_token_fused<0, false, T, INPUT, OUTPUT>);
     int64_t resident = 0;
     BN_TRY(resident_blocks(gpu, reinterpret_cast<const void *>(kernel), kThreads, p.per_sm, p.shared_bytes,
                            &resident));
     const int64_t blocks = p.work_blocks < resident ? p.work_blocks : resident;
+    if (max_blocks > 0 && blocks > max_blocks)
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_gemv_w2a8_add_norm_stats: stats has %lld slots, the "
+                       "launch needs %lld (bitnet_norm_stats_slots gives the count)", (long long)max_blocks,
+                       (long long)blocks);
     BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), p.shared_bytes,
-                              stream, a, r));
+                              stream, a, f));
+    return BITNET_OK;
+}
+
+/* The two dtypes of the fused forms. */
+template <int INPUT, int OUTPUT>
+bitnet_status launch_fused(const BnGpu &gpu, int32_t dtype, const GemvArgs &a, const FusedArgs &f,
+                           int64_t max_blocks, void *stream) {
+    cudaStream_t s = bn_stream(stream);
+    return dtype == BITNET_DTYPE_BF16 ? launch_fused<__nv_bfloat16, INPUT, OUTPUT>(gpu, a, f, max_blocks, s)
+                                      : launch_fused<__half, INPUT, OUTPUT>(gpu, a, f, max_blocks, s);
+}
+
+RopeArgs rope_args(void *q, void *k_cache, void *v_cache, const int32_t *position, float theta, int64_t Hq,
+                   int64_t Hkv, int64_t D, int64_t C) {
+    return RopeArgs{q, k_cache, v_cache, position, log2(static_cast<double>(theta)), static_cast<int>(Hq),
+                    static_cast<int>(Hkv), static_cast<int>(D), static_cast<int>(C)};
+}
+
+NormedInputArgs normed_input(const void *h, const void *norm_weight, const float *stats, int64_t slots, float eps) {
+    return NormedInputArgs{h, norm_weight, reinterpret_cast<const NormStats *>(stats), static_cast<int>(slots), eps};
+}
+
+/* The consumer's limits (normed input): checked by its entry points on a GPU. */
+bitnet_status check_normed_input(const char *fn, int64_t K, int64_t slots) {
+    if (K > 16 * kThreads * kNormedPieces)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: K = %lld is over the CUDA kernel's limit for a normed "
+                       "input (%d)", fn, (long long)K, 16 * kThreads * kNormedPieces);
+    if (slots > kMaxSlots)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: %lld stats slots are over the CUDA kernel's limit (%d)", fn,
+                       (long long)slots, kMaxSlots);
     return BITNET_OK;
 }
 
@@ -692,9 +956,75 @@ bitnet_status bn_cuda_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, co
     const int64_t M = (Hq + 2 * Hkv) * D; /* < 2^28 by the entry point's limits on Hq, Hkv and D */
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
-    const GemvArgs a = gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1);
-    const RopeArgs r{q, k_cache, v_cache, position, log2(static_cast<double>(theta)),
-                     static_cast<int>(Hq), static_cast<int>(Hkv), static_cast<int>(D), static_cast<int>(C)};
-    cudaStream_t s = bn_stream(stream);
-    return dtype == BITNET_DTYPE_BF16 ? launch_rope<__nv_bfloat16>(gpu, a, r, s) : launch_rope<__half>(gpu, a, r, s);
+    FusedArgs f{};
+    f.rope = rope_args(q, k_cache, v_cache, position, theta, Hq, Hkv, D, C);
+    return launch_fused<kCodes, kRope>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1),
+                                       f, 0, stream);
+}
+
+bitnet_status bn_cuda_norm_stats_slots(int32_t device, int64_t *slots) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    int sms = 0;
+    BN_TRY(bn_cuda_sm_count(device, &sms));
+    *slots = static_cast<int64_t>(sms) * kOneTokenBlocksPerSm;
+    return BITNET_OK;
+}
+
+bitnet_status bn_cuda_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype, const uint8_t *w_packed,
+                                               const float *w_scales, int64_t M, int64_t K, const int8_t *x_q,
+                                               const float *x_scale, void *residual, const void *norm_weight,
+                                               float *stats, int64_t slots, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    if (M > INT32_MAX / 2)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8_add_norm_stats: M = %lld is over the CUDA "
+                       "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    FusedArgs f{};
+    f.add = AddStatsArgs{residual, norm_weight, reinterpret_cast<NormStats *>(stats),
+                         static_cast<int>(slots < INT32_MAX ? slots : INT32_MAX)};
+    return launch_fused<kCodes, kAddStats>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr,
+                                                                 dtype, 1),
+                                           f, slots, stream);
+}
+
+bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void *h, const void *norm_weight,
+                                        const float *stats, int64_t slots, float eps, const uint8_t *w_packed,
+                                        const float *w_scales, int64_t M, int64_t K, void *y, int32_t y_dtype,
+                                        void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BN_TRY(check_normed_input("bitnet_rmsnorm_gemv_w2a8", K, slots));
+    if (M > INT32_MAX / 2)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rmsnorm_gemv_w2a8: M = %lld is over the CUDA kernel's "
+                       "limit (%d)", (long long)M, INT32_MAX / 2);
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    FusedArgs f{};
+    f.in = normed_input(h, norm_weight, stats, slots, eps);
+    return launch_fused<kNormed, kStore>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, y,
+                                                               y_dtype, 1),
+                                         f, 0, stream);
+}
+
+bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, const void *h,
+                                                       const void *norm_weight, const float *stats,
+                                                       int64_t slots, float eps, const uint8_t *w_packed,
+                                                       const float *w_scales, int64_t K, int64_t Hq, int64_t Hkv,
+                                                       int64_t D, void *q, void *k_cache, void *v_cache, int64_t C,
+                                                       const int32_t *position, float theta, void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BN_TRY(check_normed_input("bitnet_rmsnorm_gemv_w2a8_rope_append_kv", K, slots));
+    const int64_t M = (Hq + 2 * Hkv) * D; /* < 2^28 by the entry point's limits on Hq, Hkv and D */
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    FusedArgs f{};
+    f.rope = rope_args(q, k_cache, v_cache, position, theta, Hq, Hkv, D, C);
+    f.in = normed_input(h, norm_weight, stats, slots, eps);
+    return launch_fused<kNormed, kRope>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, nullptr,
+                                                              dtype, 1),
+                                        f, 0, stream);
 }
