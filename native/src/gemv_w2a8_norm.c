@@ -44,8 +44,8 @@ bitnet_status bitnet_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
                                                     stream));
 }
 
-/* The checks of the normed input that both consumers take. */
-static bitnet_status check_normed_input(const char *fn, int32_t device, int32_t dtype,
+/* The checks of the normed input that both consumers take, the GPU kernel's limits included. */
+static bitnet_status check_normed_input(const char *fn, int32_t device, int32_t dtype, int64_t K,
                                         int64_t slots, float eps) {
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_activation_dtype(fn, device, dtype));
@@ -54,7 +54,15 @@ static bitnet_status check_normed_input(const char *fn, int32_t device, int32_t 
              (double)eps);
     char what[96];
     snprintf(what, sizeof what, "%s: stats", fn);
-    return bn_check_size(what, slots, 8);
+    BN_TRY(bn_check_size(what, slots, 8));
+    if (device == BITNET_DEVICE_CPU) return BITNET_OK;
+    if (K > BN_CUDA_NORMED_MAX_K)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: K = %lld is over the CUDA kernel's limit for "
+                       "a normed input (%d)", fn, (long long)K, BN_CUDA_NORMED_MAX_K);
+    if (slots > BN_CUDA_NORMED_MAX_SLOTS)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: %lld stats slots are over the CUDA kernel's "
+                       "limit (%d)", fn, (long long)slots, BN_CUDA_NORMED_MAX_SLOTS);
+    return BITNET_OK;
 }
 
 bitnet_status bitnet_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void *h,
@@ -63,7 +71,7 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void
                                        const float *w_scales, int64_t M, int64_t K, void *y,
                                        int32_t y_dtype, void *stream) {
     static const char fn[] = "bitnet_rmsnorm_gemv_w2a8";
-    BN_TRY(check_normed_input(fn, device, dtype, slots, eps));
+    BN_TRY(check_normed_input(fn, device, dtype, K, slots, eps));
     BN_CHECK(bn_dtype_size(y_dtype) != 0, "%s: y_dtype = %d is not a bitnet_dtype", fn, y_dtype);
     if (y_dtype != BITNET_DTYPE_I32) BN_TRY(bn_check_float_dtype(fn, "y_dtype", y_dtype));
     BN_TRY(bn_check_ternary_shape(fn, "M", M, K));
@@ -88,7 +96,7 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(
     int64_t Hq, int64_t Hkv, int64_t D, void *q, void *k_cache, void *v_cache, int64_t C,
     const int32_t *position, float theta, void *stream) {
     static const char fn[] = "bitnet_rmsnorm_gemv_w2a8_rope_append_kv";
-    BN_TRY(check_normed_input(fn, device, dtype, slots, eps));
+    BN_TRY(check_normed_input(fn, device, dtype, K, slots, eps));
     BN_TRY(bn_check_qkv_rope(fn, K, Hq, Hkv, D, C, theta));
     const int64_t M = (Hq + 2 * Hkv) * D;
     const int64_t size = bn_dtype_size(dtype), cache = C * Hkv * D * size;

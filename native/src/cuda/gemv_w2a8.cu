@@ -203,10 +203,12 @@ struct FusedArgs {
     NormedInputArgs in;
 };
 
-/* The normed input: K <= 16 * kThreads * kNormedPieces, and at most 32 * kSlotsPerLane slots. */
+/* The normed input: K <= 16 * kThreads * kNormedPieces, and at most 32 * kSlotsPerLane slots (the
+ * entry points check both). */
 constexpr int kNormedPieces = 2;
 constexpr int kSlotsPerLane = 16;
-constexpr int kMaxSlots = 32 * kSlotsPerLane;
+static_assert(16 * kThreads * kNormedPieces == BN_CUDA_NORMED_MAX_K && 32 * kSlotsPerLane == BN_CUDA_NORMED_MAX_SLOTS,
+              "internal.h states the normed input's limits");
 
 __device__ __forceinline__ NormStats combine(NormStats a, NormStats b) {
     return {a.sum + b.sum, bn_fmax_nan(a.max, b.max)};
@@ -217,8 +219,7 @@ __device__ __forceinline__ NormStats shuffle_combine(NormStats v, int lane_mask)
 }
 
 /* The slots summed by one warp, in a fixed order (every warp of every block finds the same):
- * lane l takes slots l, l + 32, ... and adds them pairwise, then the lanes' partials meet by
- * shuffles. No barrier. */
+ * lane l takes slots l, l + 32, ..., then the lanes' partials meet by shuffles. No barrier. */
 __device__ __forceinline__ NormStats sum_slots(const NormedInputArgs &in) {
     const int lane = threadIdx.x % 32;
     NormStats slot[kSlotsPerLane];
@@ -230,11 +231,9 @@ __device__ __forceinline__ NormStats sum_slots(const NormedInputArgs &in) {
         } else {
             slot[j] = {0.0f, 0.0f};
         }
-#pragma unroll
-    for (int half = kSlotsPerLane / 2; half > 0; half /= 2)
-#pragma unroll
-        for (int j = 0; j < half; j++) slot[j] = combine(slot[j], slot[j + half]);
     NormStats v = slot[0];
+#pragma unroll
+    for (int j = 1; j < kSlotsPerLane; j++) v = combine(v, slot[j]);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) v = shuffle_combine(v, offset);
     return v;
@@ -901,17 +900,6 @@ NormedInputArgs normed_input(const void *h, const void *norm_weight, const float
     return NormedInputArgs{h, norm_weight, reinterpret_cast<const NormStats *>(stats), static_cast<int>(slots), eps};
 }
 
-/* The consumer's limits (normed input): checked by its entry points on a GPU. */
-bitnet_status check_normed_input(const char *fn, int64_t K, int64_t slots) {
-    if (K > 16 * kThreads * kNormedPieces)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: K = %lld is over the CUDA kernel's limit for a normed "
-                       "input (%d)", fn, (long long)K, 16 * kThreads * kNormedPieces);
-    if (slots > kMaxSlots)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: %lld stats slots are over the CUDA kernel's limit (%d)", fn,
-                       (long long)slots, kMaxSlots);
-    return BITNET_OK;
-}
-
 }  // namespace
 
 bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales,
@@ -996,7 +984,6 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const voi
                                         void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    BN_TRY(check_normed_input("bitnet_rmsnorm_gemv_w2a8", K, slots));
     if (M > INT32_MAX / 2)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rmsnorm_gemv_w2a8: M = %lld is over the CUDA kernel's "
                        "limit (%d)", (long long)M, INT32_MAX / 2);
@@ -1017,7 +1004,6 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t d
                                                        const int32_t *position, float theta, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    BN_TRY(check_normed_input("bitnet_rmsnorm_gemv_w2a8_rope_append_kv", K, slots));
     const int64_t M = (Hq + 2 * Hkv) * D; /* < 2^28 by the entry point's limits on Hq, Hkv and D */
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
