@@ -226,7 +226,9 @@ __device__ __forceinline__ NormStats sum_slots(const NormedInputArgs &in) {
 #pragma unroll
     for (int j = 0; j < kSlotsPerLane; j++)
         if (lane + 32 * j < in.slots) {
-            const float2 v = __ldg(reinterpret_cast<const float2 *>(in.stats) + lane + 32 * j);
+            /* a plain load: the read-only path (ld.global.nc) may serve a line cached before the
+             * producer wrote it */
+            const float2 v = reinterpret_cast<const float2 *>(in.stats)[lane + 32 * j];
             slot[j] = {v.x, v.y};
         } else {
             slot[j] = {0.0f, 0.0f};
