@@ -331,3 +331,84 @@ def test_gpu_chain_codes_against_float64(rng, dtype):
     assert not ((codes != want[0]) & ~near_tie[0]).any()
     nonzero = codes != 0
     np.testing.assert_allclose(codes[nonzero] / y[nonzero], want_scale[0], rtol=4 * SCALE_RTOL)
+
+
+# ---- the FFN's sub-norm inside its gate|up and down GEMVs ----
+
+
+def ffn_case(rng, F, K, dtype):
+    h, nw, stats = produced(rng, K, 128, dtype)
+    return h, nw, stats, ternary(rng, 2 * F, K), norm_weight(rng, F, dtype)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("activation", ["relu2", "silu"])
+def test_cpu_glu_producer_is_the_consumer_then_the_gate(rng, dtype, activation):
+    """v bit for bit as glu_gate of the consumer's gate|up row; the sub-norm's statistics of v,
+    so that the down consumer's codes are glu_rmsnorm_quantize's bit for bit."""
+    F, K = 384, 256
+    h, nw, stats, w, sub_w = ffn_case(rng, F, K, dtype)
+    v, sub_stats = bn.rmsnorm_gemv_w2a8_glu_norm_stats(h, nw, stats, w, EPS, sub_w,
+                                                       activation=activation)
+    gate_up = bn.rmsnorm_gemv_w2a8(h, nw, stats, w, eps=EPS, out_dtype=dtype)
+    np.testing.assert_array_equal(bits(v), bits(bn.glu_gate(gate_up, activation)))
+    down = ternary(rng, 96, F)
+    want = bn.gemv_w2a8(down, *bn.glu_rmsnorm_quantize(gate_up, sub_w, activation, eps=EPS),
+                        out_dtype="int32")
+    np.testing.assert_array_equal(
+        bn.rmsnorm_gemv_w2a8(v, sub_w, sub_stats, down, eps=EPS, out_dtype="int32"), want)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cpu_normed_add_producer_is_the_consumer_then_the_add(rng, dtype):
+    """The residual bit for bit as rmsnorm_gemv_w2a8 then rmsnorm_quantize's add; its statistics
+    give the next consumer rmsnorm_quantize's codes, bit for bit."""
+    M, K = 512, 384
+    v, sub_w, sub_stats = produced(rng, K, 128, dtype)
+    w = ternary(rng, M, K)
+    h, nw = activations(rng, (1, M), dtype, 3.0), norm_weight(rng, M, dtype)
+    want = h.copy()
+    bn.rmsnorm_quantize(bn.rmsnorm_gemv_w2a8(v, sub_w, sub_stats, w, eps=EPS, out_dtype=dtype), nw,
+                        eps=EPS, residual=want)
+    stats = bn.rmsnorm_gemv_w2a8_add_norm_stats(v, sub_w, sub_stats, w, EPS, h, nw)
+    np.testing.assert_array_equal(bits(h), bits(want))
+    nxt = ternary(rng, 64, M)
+    np.testing.assert_array_equal(bn.rmsnorm_gemv_w2a8(h, nw, stats, nxt, eps=EPS, out_dtype="int32"),
+                                  unfused_consumer(h, nw, nxt, "int32"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("activation", ["relu2", "silu"])
+def test_gpu_sub_norm_producers_against_the_cpu(rng, dtype, activation):
+    """The GLU producer (2B4T's gate|up) and the normed-add producer (2B4T's down) on the same
+    input slots as the CPU: their stored values bit for bit, their slots' sums within float32
+    rounding of the CPU's, the max exact."""
+    import torch
+    F, K = 6912, 2560
+    h, nw, stats, w, sub_w = ffn_case(rng, F, K, dtype)
+    slots = bn.norm_stats_slots(0)
+    v, sub_stats = bn.rmsnorm_gemv_w2a8_glu_norm_stats(to_gpu(h), to_gpu(nw), gpu_slots(stats),
+                                                       gpu_weights(w), EPS, to_gpu(sub_w),
+                                                       activation=activation)
+    v_cpu, sub_cpu = bn.rmsnorm_gemv_w2a8_glu_norm_stats(h, nw, stats, w, EPS, sub_w,
+                                                         activation=activation)
+    np.testing.assert_array_equal(bits(to_host(v, h)), bits(v_cpu))
+    got = sub_stats.cpu().numpy()
+    assert got.shape == (slots, 2)
+    np.testing.assert_allclose(got[:, 0].sum(dtype=np.float64), sub_cpu[0, 0], rtol=F / 16 * 2.0**-24)
+    assert got[:, 1].max() == sub_cpu[0, 1]
+    down = ternary(rng, K, F)
+    res = activations(rng, (1, K), dtype, 3.0)
+    res_gpu, next_w = to_gpu(res), norm_weight(rng, K, dtype)
+    cpu_stats = sub_cpu  # the same input slots on both
+    out = bn.rmsnorm_gemv_w2a8_add_norm_stats(to_gpu(v_cpu), to_gpu(sub_w), gpu_slots(cpu_stats),
+                                              gpu_weights(down), EPS, res_gpu, to_gpu(next_w))
+    want = bn.rmsnorm_gemv_w2a8_add_norm_stats(v_cpu, sub_w, cpu_stats, down, EPS, res, next_w)
+    np.testing.assert_array_equal(bits(to_host(res_gpu, res)), bits(res))
+    got = out.cpu().numpy()
+    np.testing.assert_allclose(got[:, 0].sum(dtype=np.float64), want[0, 0], rtol=K / 16 * 2.0**-24)
+    assert got[:, 1].max() == want[0, 1]
+    torch.cuda.synchronize()

@@ -121,3 +121,64 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(
         device, dtype, h, norm_weight, stats, slots, eps, w_packed, w_scales, K, Hq, Hkv, D, q,
         k_cache, v_cache, C, position, theta, stream));
 }
+
+bitnet_status bitnet_rmsnorm_gemv_w2a8_glu_norm_stats(
+    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
+    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t F, int64_t K,
+    int32_t activation, const void *out_norm_weight, void *v, float *out_stats, int64_t out_slots,
+    void *stream) {
+    static const char fn[] = "bitnet_rmsnorm_gemv_w2a8_glu_norm_stats";
+    BN_TRY(check_normed_input(fn, device, dtype, K, slots, eps));
+    BN_TRY(bn_check_activation(fn, activation));
+    BN_CHECK(F >= 1 && F % 2 == 0 && F <= INT64_MAX / 2, "%s: F must be positive and even, got %lld",
+             fn, (long long)F);
+    BN_TRY(bn_check_ternary_shape(fn, "2F", 2 * F, K));
+    BN_CHECK(out_slots >= 1, "%s: out_slots must be positive, got %lld", fn, (long long)out_slots);
+    BN_TRY(bn_check_size("bitnet_rmsnorm_gemv_w2a8_glu_norm_stats: out_stats", out_slots, 8));
+    const int64_t size = bn_dtype_size(dtype);
+    const bn_array arrays[] = {{"h", h, K * size, 16, BN_READ},
+                               {"norm_weight", norm_weight, K * size, 16, BN_READ},
+                               {"stats", stats, slots * 8, 8, BN_READ},
+                               {"w_packed", w_packed, 2 * F * K / 4, 16, BN_READ},
+                               {"w_scales", w_scales, 2 * F * 4, 4, BN_READ},
+                               {"out_norm_weight", out_norm_weight, F * size, size, BN_READ},
+                               {"v", v, F * size, size, BN_WRITTEN},
+                               {"out_stats", out_stats, out_slots * 8, 8, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
+    if (device == BITNET_DEVICE_CPU)
+        return bn_cpu_rmsnorm_gemv_w2a8_glu_norm_stats(dtype, h, norm_weight, stats, slots, eps,
+                                                       w_packed, w_scales, F, K, activation,
+                                                       out_norm_weight, v, out_stats, out_slots);
+    return BN_CUDA(bn_cuda_rmsnorm_gemv_w2a8_glu_norm_stats(
+        device, dtype, h, norm_weight, stats, slots, eps, w_packed, w_scales, F, K, activation,
+        out_norm_weight, v, out_stats, out_slots, stream));
+}
+
+bitnet_status bitnet_rmsnorm_gemv_w2a8_add_norm_stats(
+    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
+    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
+    void *residual, const void *out_norm_weight, float *out_stats, int64_t out_slots,
+    void *stream) {
+    static const char fn[] = "bitnet_rmsnorm_gemv_w2a8_add_norm_stats";
+    BN_TRY(check_normed_input(fn, device, dtype, K, slots, eps));
+    BN_TRY(bn_check_ternary_shape(fn, "M", M, K));
+    BN_CHECK(out_slots >= 1, "%s: out_slots must be positive, got %lld", fn, (long long)out_slots);
+    BN_TRY(bn_check_size("bitnet_rmsnorm_gemv_w2a8_add_norm_stats: out_stats", out_slots, 8));
+    const int64_t size = bn_dtype_size(dtype);
+    const bn_array arrays[] = {{"h", h, K * size, 16, BN_READ},
+                               {"norm_weight", norm_weight, K * size, 16, BN_READ},
+                               {"stats", stats, slots * 8, 8, BN_READ},
+                               {"w_packed", w_packed, M * K / 4, 16, BN_READ},
+                               {"w_scales", w_scales, M * 4, 4, BN_READ},
+                               {"residual", residual, M * size, size, BN_WRITTEN},
+                               {"out_norm_weight", out_norm_weight, M * size, size, BN_READ},
+                               {"out_stats", out_stats, out_slots * 8, 8, BN_WRITTEN}};
+    BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
+    if (device == BITNET_DEVICE_CPU)
+        return bn_cpu_rmsnorm_gemv_w2a8_add_norm_stats(dtype, h, norm_weight, stats, slots, eps,
+                                                       w_packed, w_scales, M, K, residual,
+                                                       out_norm_weight, out_stats, out_slots);
+    return BN_CUDA(bn_cuda_rmsnorm_gemv_w2a8_add_norm_stats(
+        device, dtype, h, norm_weight, stats, slots, eps, w_packed, w_scales, M, K, residual,
+        out_norm_weight, out_stats, out_slots, stream));
+}
