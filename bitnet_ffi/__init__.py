@@ -10,8 +10,7 @@ from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, Corrupt
                      CudaError, InternalError, InvalidArgumentError, LibraryNotFoundError,
                      NoDeviceError, OutOfMemoryError, UnsupportedError)
 from .fused_norm import (gemv_w2a8_add_norm_stats, new_norm_stats, norm_stats_slots,
-                         rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8_add_norm_stats,
-                         rmsnorm_gemv_w2a8_glu_norm_stats, rmsnorm_gemv_w2a8_rope_append_kv)
+                         rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import glu_gate, gemv_w2a8_rope_append_kv, relu2_gate, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
@@ -32,7 +31,6 @@ __all__ = [
     "LibraryNotFoundError", "ConfigurationError", "CorruptFileError",
     "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer", "decode_layer_workspace_size",
     "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv",
-    "rmsnorm_gemv_w2a8_glu_norm_stats", "rmsnorm_gemv_w2a8_add_norm_stats",
     "norm_stats_slots", "new_norm_stats",
 ]
 

@@ -6,13 +6,6 @@ rmsnorm(h) itself from them, so that no norm op runs between the two::
     stats = gemv_w2a8_add_norm_stats(o_proj, a_q, a_s, h, ffn_norm)   # h += o_proj(a)
     gate_up = rmsnorm_gemv_w2a8(h, ffn_norm, stats, gate_up_proj, eps)
 
-and the gated FFN's sub-norm the same way, between its gate|up and down projections::
-
-    v, sub_stats = rmsnorm_gemv_w2a8_glu_norm_stats(h, ffn_norm, stats, gate_up_proj, eps,
-                                                    ffn_sub_norm)   # v = relu2(gate) * up
-    stats = rmsnorm_gemv_w2a8_add_norm_stats(v, ffn_sub_norm, sub_stats, down_proj, sub_eps,
-                                             h, next_attn_norm)     # h += down_proj(sub_norm(v))
-
 ``stats`` (float32 [slots, 2]) holds, per slot, the sum of h^2 and max |h * norm_weight| of part
 of the row; the producer makes it (or ``new_norm_stats``), and the slots are the library's
 business."""
@@ -21,7 +14,7 @@ import functools
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
-from .layer_glue import BITNET_ROPE_THETA, activation_code, qkv_rope_arrays, rope_theta
+from .layer_glue import BITNET_ROPE_THETA, qkv_rope_arrays, rope_theta
 from .ternary import OUT_DTYPES, TernaryWeights
 
 def norm_stats_slots(device):
@@ -183,97 +176,3 @@ def rmsnorm_gemv_w2a8_rope_append_kv(h, norm_weight, stats, w, k_cache, v_cache,
               oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), kc.shape[1], pos.cptr("int32_t *"),
               float(theta), handle)
     return out
-
-
-def rmsnorm_gemv_w2a8_glu_norm_stats(h, norm_weight, stats, w, eps, out_norm_weight,
-                                     activation="relu2", out=None, out_stats=None, stream=None):
-    """The gate|up projection of a one-sequence FFN between its two norms, one kernel on a GPU:
-    rmsnorm_gemv_w2a8(h, norm_weight, stats, w, eps) rounded to h's dtype, then
-    ``v = glu_gate(gate_up, activation)`` (bit for bit as glu_gate stores it), and the statistics
-    of the sub-norm of v with out_norm_weight, for the down projection's rmsnorm_gemv_w2a8.
-
-    Parameters
-    ----------
-    h, norm_weight, stats, eps : as rmsnorm_gemv_w2a8's
-    w : TernaryWeights [2F, K] (gate rows, then up rows), without block_scales; F even
-    out_norm_weight : array [F] of h's dtype (the FFN's sub-norm)
-    activation : "relu2" or "silu"
-    out : array [1, F] of h's dtype, optional: v
-    out_stats : float32 array [slots, 2], optional
-
-    Returns
-    -------
-    (out, out_stats)
-    """
-    _check_weights(w)
-    code = activation_code(activation)
-    eps = _eps(eps)
-    arrays, device, handle = _arrays.prepare(
-        {"h": h, "norm_weight": norm_weight, "stats": stats, "w.packed": w.packed,
-         "w.scales": w.scales, "out_norm_weight": out_norm_weight, "out": out,
-         "out_stats": out_stats}, stream, writes=("out", "out_stats"),
-        optional=("out", "out_stats"))
-    M, K = w.shape
-    if M % 4:
-        raise InvalidArgumentError(f"w: {M} rows are not a gate and an up part of an even F")
-    F = M // 2
-    ha, wa = _normed_input(arrays, K)
-    st, slots = _check_stats(arrays)
-    ow = _arrays.check(arrays["out_norm_weight"], "out_norm_weight", ha.dtype, (F,))
-    out, oa = _arrays.output(arrays, "out", out, ha, (1, F), ha.dtype)
-    out_stats, ost, out_slots = _output_stats(arrays, out_stats, ha, device)
-    _ffi.call("rmsnorm_gemv_w2a8_glu_norm_stats", device, DTYPE_CODES[ha.dtype], ha.cptr(),
-              wa.cptr(), st.cptr("float *"), slots, float(eps),
-              arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"), F, K, code,
-              ow.cptr(), oa.cptr(), ost.cptr("float *"), out_slots, handle)
-    return out, out_stats
-
-
-def rmsnorm_gemv_w2a8_add_norm_stats(h, norm_weight, stats, w, eps, residual, out_norm_weight,
-                                     out_stats=None, stream=None):
-    """gemv_w2a8_add_norm_stats on the codes that rmsnorm_gemv_w2a8 makes from h, norm_weight,
-    stats and eps, one kernel on a GPU: the down projection of a one-sequence FFN between its
-    sub-norm and the next layer's input norm. ``residual += the projection``; returns the
-    statistics of the next norm of the residual with out_norm_weight.
-
-    Parameters
-    ----------
-    h, norm_weight, stats, eps : as rmsnorm_gemv_w2a8's (h: the gated activations v)
-    w : TernaryWeights [M, K], without block_scales
-    residual : array [1, M] of h's dtype, updated in place
-    out_norm_weight : array [M] of h's dtype
-    out_stats : float32 array [slots, 2], optional
-
-    Returns
-    -------
-    out_stats
-    """
-    _check_weights(w)
-    eps = _eps(eps)
-    arrays, device, handle = _arrays.prepare(
-        {"h": h, "norm_weight": norm_weight, "stats": stats, "w.packed": w.packed,
-         "w.scales": w.scales, "residual": residual, "out_norm_weight": out_norm_weight,
-         "out_stats": out_stats}, stream, writes=("residual", "out_stats"),
-        optional=("out_stats",))
-    M, K = w.shape
-    ha, wa = _normed_input(arrays, K)
-    st, slots = _check_stats(arrays)
-    ra = _arrays.check(arrays["residual"], "residual", ha.dtype, (1, M))
-    ow = _arrays.check(arrays["out_norm_weight"], "out_norm_weight", ha.dtype, (M,))
-    out_stats, ost, out_slots = _output_stats(arrays, out_stats, ha, device)
-    _ffi.call("rmsnorm_gemv_w2a8_add_norm_stats", device, DTYPE_CODES[ha.dtype], ha.cptr(),
-              wa.cptr(), st.cptr("float *"), slots, float(eps),
-              arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"), M, K,
-              ra.cptr(), ow.cptr(), ost.cptr("float *"), out_slots, handle)
-    return out_stats
-
-
-def _output_stats(arrays, out_stats, reference, device):
-    """A producer's stats: (the object, its Array, its slots), a new array where none is given."""
-    if out_stats is None:
-        out_stats = _arrays.new_like(reference, (norm_stats_slots(device), 2), "float32")
-        arrays["out_stats"] = _arrays.as_array(out_stats, "out_stats")
-    ost = _arrays.check(arrays["out_stats"], "out_stats", "float32", (None, 2))
-    if ost.shape[0] < 1:
-        raise InvalidArgumentError("out_stats: expected at least one slot")
-    return out_stats, ost, ost.shape[0]

@@ -23,7 +23,6 @@ from .cuda_graph import Graph, Stream
 from .decode_layer import decode_layer, decode_layer_workspace_size, fused_layer_supported
 from .errors import InvalidArgumentError
 from .fused_norm import (gemv_w2a8_add_norm_stats, norm_stats_slots, rmsnorm_gemv_w2a8,
-                         rmsnorm_gemv_w2a8_add_norm_stats, rmsnorm_gemv_w2a8_glu_norm_stats,
                          rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import gemv_w2a8_rope_append_kv, rope_append_kv
@@ -110,15 +109,6 @@ def fuse_norms_supported(config, layers, batch):
                     for layer in layers for name in ("qkv", "o", "gate_up", "down")))
 
 
-def fuse_sub_norm_supported(config, layers, batch):
-    """Whether such a step can also take the gated FFN's sub-norm inside its gate|up and down
-    GEMVs: fuse_norms_supported, a sub-norm, and an even intermediate size the GPU kernel takes
-    (<= 8192)."""
-    return (fuse_norms_supported(config, layers, batch) and config.sub_norms
-            and config.intermediate <= 8192 and config.intermediate % 2 == 0
-            and config.ffn_sub_eps > 0)
-
-
 class Session:
     """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
 
@@ -139,9 +129,7 @@ class Session:
     fuse_norms: where fuse_norms_supported, a one-sequence decode step runs each input norm inside
     the GEMVs around it: the o and down projections add to h and leave the norm's statistics, the
     QKV and gate|up projections quantize rmsnorm(h) from them (bitnet_ffi.fused_norm; the same
-    codes up to the float32 rounding of the sum of squares); where fuse_sub_norm_supported, the
-    FFN's sub-norm too, between gate|up (which stores the gated values and their statistics) and
-    down. On by default; off, for comparing."""
+    codes up to the float32 rounding of the sum of squares). On by default; off, for comparing."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append",
              "qkv + rope + kv append", "gemv_w2a8 + norm", "attention",
@@ -166,7 +154,6 @@ class Session:
         self.fused = fused
         self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(c, weights.layers, batch)
         self.fuse_norms = fuse_norms and fuse_norms_supported(c, weights.layers, batch)
-        self.fuse_sub_norm = fuse_norms and fuse_sub_norm_supported(c, weights.layers, batch)
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
@@ -219,7 +206,6 @@ class Session:
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
         if steps == 1 and self.fuse_norms:
             b["stats"] = self.alloc((norm_stats_slots(self.device), 2), "float32")
-            b["sub_stats"] = self.alloc((norm_stats_slots(self.device), 2), "float32")
         if steps == 1 and self.fused:
             b["layer_workspace"] = self.alloc(
                 (decode_layer_workspace_size(c, self.device, BF16),), "uint8")
@@ -308,40 +294,21 @@ class Session:
             attn = _arrays.first_rows(b["attn"], N, c.q_dim)
             a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
-            fuse_sub_norm = steps == 1 and self.fuse_sub_norm
-            last = index + 1 == len(w.layers)
             if fuse_norms:
                 self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.o, a_q, a_s, b["h"],
                         layer.ffn_norm, stats=b["stats"])
+                self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, b["h"], layer.ffn_norm,
+                        b["stats"], layer.gate_up, eps=c.eps, out_dtype=BF16, out=b["gate_up"])
             else:
                 self.project(layer.o, a_q, a_s, b["proj"])
                 f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
-            if fuse_sub_norm:
-                v = _arrays.first_rows(b["gate_up"], 1, c.intermediate)
-                self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8_glu_norm_stats, b["h"],
-                        layer.ffn_norm, b["stats"], layer.gate_up, c.eps, layer.ffn_sub_norm,
-                        activation=c.activation, out=v, out_stats=b["sub_stats"])
-                if last:
-                    self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, v, layer.ffn_sub_norm,
-                            b["sub_stats"], layer.down, eps=c.ffn_sub_eps, out_dtype=BF16,
-                            out=b["proj"])
-                else:
-                    self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8_add_norm_stats, v,
-                            layer.ffn_sub_norm, b["sub_stats"], layer.down, c.ffn_sub_eps,
-                            b["h"], w.layers[index + 1].attn_norm, out_stats=b["stats"])
+                self.project(layer.gate_up, f_q, f_s, b["gate_up"])
+            g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
+            if fuse_norms and index + 1 < len(w.layers):
+                self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.down, g_q, g_s,
+                        b["h"], w.layers[index + 1].attn_norm, stats=b["stats"])
             else:
-                if fuse_norms:
-                    self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, b["h"], layer.ffn_norm,
-                            b["stats"], layer.gate_up, eps=c.eps, out_dtype=BF16,
-                            out=b["gate_up"])
-                else:
-                    self.project(layer.gate_up, f_q, f_s, b["gate_up"])
-                g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
-                if fuse_norms and not last:
-                    self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.down, g_q, g_s,
-                            b["h"], w.layers[index + 1].attn_norm, stats=b["stats"])
-                else:
-                    self.project(layer.down, g_q, g_s, b["proj"])
+                self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
             if progress:
                 progress(index + 1, len(w.layers))

@@ -524,8 +524,7 @@ def valid_call(entry, mem, rng):
                                 h=put(values(rng, (32,), fd)), norm_weight=put(values(rng, (32,), fd)),
                                 stats=put(poison((16, 2), "float32")), slots=16, stream=NULL),
                     ("h", "stats"))
-    if entry in ("rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv",
-                 "rmsnorm_gemv_w2a8_glu_norm_stats", "rmsnorm_gemv_w2a8_add_norm_stats"):
+    if entry in ("rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv"):
         stats = np.zeros((4, 2), np.float32)
         stats[0] = (128.0, 2.5)  # a sum of squares and max |h w| the values could have
         normed = dict(device=d, dtype=code, h=put(values(rng, (128,), fd)),
@@ -535,16 +534,6 @@ def valid_call(entry, mem, rng):
         if entry == "rmsnorm_gemv_w2a8":
             return Call(entry, dict(**normed, M=32, K=128, y=put(poison((32,), "float32")),
                                     y_dtype=0, stream=NULL), ("y",))
-        if entry == "rmsnorm_gemv_w2a8_glu_norm_stats":  # F = 16: 32 rows
-            return Call(entry, dict(**normed, F=16, K=128, activation=0,
-                                    out_norm_weight=put(values(rng, (16,), fd)),
-                                    v=put(poison((16,), fd)), out_stats=put(poison((16, 2), "float32")),
-                                    out_slots=16, stream=NULL), ("v", "out_stats"))
-        if entry == "rmsnorm_gemv_w2a8_add_norm_stats":
-            return Call(entry, dict(**normed, M=32, K=128, residual=put(values(rng, (32,), fd)),
-                                    out_norm_weight=put(values(rng, (32,), fd)),
-                                    out_stats=put(poison((16, 2), "float32")), out_slots=16,
-                                    stream=NULL), ("residual", "out_stats"))
         return Call(entry, dict(**normed, K=128, Hq=2, Hkv=1, D=8, q=put(poison((2, 8), fd)),
                                 k_cache=put(poison((3, 1, 8), fd)),
                                 v_cache=put(poison((3, 1, 8), fd)), C=3,

@@ -64,8 +64,7 @@ OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "
               "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv",
               "gemv_w2a8_rope_append_kv", "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8",
-              "rmsnorm_gemv_w2a8_rope_append_kv", "rmsnorm_gemv_w2a8_glu_norm_stats",
-              "rmsnorm_gemv_w2a8_add_norm_stats", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
+              "rmsnorm_gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
               "decode_layer_workspace_size")
 
@@ -339,37 +338,6 @@ MUTATIONS = {
                  "position", aligned=("h", "norm_weight", "stats", "w_packed", "w_scales", "q",
                                       "k_cache", "v_cache", "position"))
       + overlaps(("q", "h", ("h", "q")), ("v_cache", "k_cache", ("k_cache", "v_cache"))),
-    "rmsnorm_gemv_w2a8_glu_norm_stats": bad_devices() + non_positive(TERNARY, "K") + [
-        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
-        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
-        Mutation("F", 0, INVALID, "F must be positive and even"),
-        Mutation("F", 15, INVALID, "F must be positive and even"),
-        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
-        Mutation("activation", 2, INVALID, "is not BITNET_ACTIVATION_RELU2"),
-        Mutation("eps", 0.0, INVALID, "eps must be finite and > 0"),
-        Mutation("slots", 0, INVALID, "slots must be positive"),
-        Mutation("slots", 600, UNSUPPORTED, "600 stats slots are over the CUDA kernel's limit", "gpu"),
-        Mutation("out_slots", 0, INVALID, "out_slots must be positive"),
-        Mutation("out_slots", 1, INVALID, "stats has 1 slots, the launch needs 8", "gpu"),
-    ] + pointers("h", "norm_weight", "stats", "w_packed", "w_scales", "out_norm_weight", "v",
-                 "out_stats", aligned=("h", "norm_weight", "stats", "w_packed", "w_scales",
-                                       "out_norm_weight", "v", "out_stats"))
-      + overlaps(("v", "out_norm_weight", ("out_norm_weight", "v")),
-                 ("out_stats", "stats", ("stats", "out_stats"))),
-    "rmsnorm_gemv_w2a8_add_norm_stats": bad_devices() + non_positive(TERNARY, "M", "K") + [
-        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
-        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
-        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
-        Mutation("eps", math.inf, INVALID, "eps must be finite"),
-        Mutation("slots", 0, INVALID, "slots must be positive"),
-        Mutation("out_slots", -1, INVALID, "out_slots must be positive"),
-        Mutation("out_slots", 1, INVALID, "stats has 1 slots, the launch needs 8", "gpu"),
-    ] + pointers("h", "norm_weight", "stats", "w_packed", "w_scales", "residual",
-                 "out_norm_weight", "out_stats",
-                 aligned=("h", "norm_weight", "stats", "w_packed", "w_scales", "residual",
-                          "out_norm_weight", "out_stats"))
-      + overlaps(("residual", "out_norm_weight", ("residual", "out_norm_weight")),
-                 ("out_stats", "stats", ("stats", "out_stats"))),
     "rope_append_kv": bad_devices()
     + non_positive("must be positive", "B", "S", "Hq", "Hkv", "D", "C") + [
         Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),

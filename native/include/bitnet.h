@@ -370,31 +370,6 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dt
                                                       const int32_t *position /* [1] */,
                                                       float theta, void *stream);
 
-/* The gate|up projection of a one-sequence FFN with both norms around it: its input as
- * bitnet_rmsnorm_gemv_w2a8's (h, norm_weight, stats, slots, eps) over the M = 2F rows of w (the
- * gate in rows 0..F-1, up in F..2F-1), its output v[f] = act(gate[f]) * up[f] (activation: a
- * bitnet_activation) with the projections rounded to dtype and v rounded to dtype, bit for bit as
- * bitnet_glu_gate stores it, and the statistics of v with out_norm_weight (the FFN's sub-norm)
- * into out_stats, as bitnet_gemv_w2a8_add_norm_stats leaves them, for the down projection's
- * bitnet_rmsnorm_gemv_w2a8. F even. The limits of both apply; no arrays may overlap. */
-bitnet_status bitnet_rmsnorm_gemv_w2a8_glu_norm_stats(
-    int32_t device, int32_t dtype, const void *h /* [K] */, const void *norm_weight /* [K] */,
-    const float *stats /* [slots, 2] */, int64_t slots, float eps,
-    const uint8_t *w_packed /* [2F, K/4] */, const float *w_scales /* [2F] */, int64_t F,
-    int64_t K, int32_t activation, const void *out_norm_weight /* [F] */, void *v /* [F] */,
-    float *out_stats /* [out_slots, 2] */, int64_t out_slots, void *stream);
-
-/* bitnet_gemv_w2a8_add_norm_stats on the codes that bitnet_rmsnorm_gemv_w2a8 makes from h,
- * norm_weight, stats and eps (the FFN's down projection between its sub-norm and the next layer's
- * input norm): residual [M] += the projection, out_stats <- the statistics of the new residual with
- * out_norm_weight. The limits of both apply; no arrays may overlap. */
-bitnet_status bitnet_rmsnorm_gemv_w2a8_add_norm_stats(
-    int32_t device, int32_t dtype, const void *h /* [K] */, const void *norm_weight /* [K] */,
-    const float *stats /* [slots, 2] */, int64_t slots, float eps,
-    const uint8_t *w_packed /* [M, K/4] */, const float *w_scales /* [M] */, int64_t M, int64_t K,
-    void *residual /* [M] in/out */, const void *out_norm_weight /* [M] */,
-    float *out_stats /* [out_slots, 2] */, int64_t out_slots, void *stream);
-
 /* Gate of a GLU on the fused gate|up projection: out[t, f] = act(gate_up[t, f]) * gate_up[t, F + f],
  * computed in float32; act (a bitnet_activation): relu2 max(g, 0)^2, or silu g / (1 + e^-g) with
  * expf (CPU and GPU may differ by an ulp of float32 before rounding to dtype). */

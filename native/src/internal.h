@@ -380,24 +380,6 @@ bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
     float eps, const uint8_t *w_packed, const float *w_scales, int64_t K, int64_t Hq, int64_t Hkv,
     int64_t D, void *q, void *k_cache, void *v_cache, int64_t C, const int32_t *position,
     float theta);
-bitnet_status bn_cpu_rmsnorm_gemv_w2a8_glu_norm_stats(
-    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
-    float eps, const uint8_t *w_packed, const float *w_scales, int64_t F, int64_t K,
-    int32_t activation, const void *out_norm_weight, void *v, float *out_stats, int64_t out_slots);
-bitnet_status bn_cuda_rmsnorm_gemv_w2a8_glu_norm_stats(
-    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
-    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t F, int64_t K,
-    int32_t activation, const void *out_norm_weight, void *v, float *out_stats, int64_t out_slots,
-    void *stream);
-bitnet_status bn_cpu_rmsnorm_gemv_w2a8_add_norm_stats(
-    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
-    float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
-    void *residual, const void *out_norm_weight, float *out_stats, int64_t out_slots);
-bitnet_status bn_cuda_rmsnorm_gemv_w2a8_add_norm_stats(
-    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
-    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t M,
-    int64_t K, void *residual, const void *out_norm_weight, float *out_stats, int64_t out_slots,
-    void *stream);
 /* The CUDA consumers' limits (the one-token kernel's registers and lanes hold that much). */
 enum { BN_CUDA_NORMED_MAX_K = 8192, BN_CUDA_NORMED_MAX_SLOTS = 512 };
 bitnet_status bn_cuda_norm_stats_slots(int32_t device, int64_t *slots);

@@ -10,22 +10,6 @@
 
 #include "../internal.h"
 
-/* stats[0] = the sum of v^2 over v[0..n) (added in the CPU norm's order) and max |v * weight|; the
- * other slots zero. */
-static void row_stats(int32_t dtype, const void *v, const void *weight, int64_t n, float *stats,
-                      int64_t slots) {
-    float lane_sum[BN_CPU_NORM_LANES] = {0}, sum = 0.0f, max = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const float x = bn_load_float(v, dtype, i);
-        lane_sum[i % BN_CPU_NORM_LANES] += x * x;
-        max = bn_max_or_nan(max, fabsf(x * bn_load_float(weight, dtype, i)));
-    }
-    for (int l = 0; l < BN_CPU_NORM_LANES; l++) sum += lane_sum[l];
-    stats[0] = sum;
-    stats[1] = max;
-    for (int64_t s = 2; s < 2 * slots; s++) stats[s] = 0.0f;
-}
-
 bitnet_status bn_cpu_gemv_w2a8_add_norm_stats(int32_t dtype, const uint8_t *w_packed,
                                               const float *w_scales, int64_t M, int64_t K,
                                               const int8_t *x_q, const float *x_scale, void *h,
@@ -37,9 +21,17 @@ bitnet_status bn_cpu_gemv_w2a8_add_norm_stats(int32_t dtype, const uint8_t *w_pa
                        "for the projection's row (%lld values)", (long long)M);
     bitnet_status status = bn_cpu_gemv_w2a8(w_packed, w_scales, M, K, x_q, x_scale, 1, y, dtype);
     if (status == BITNET_OK) {
-        for (int64_t m = 0; m < M; m++)
+        float lane_sum[BN_CPU_NORM_LANES] = {0}, sum = 0.0f, max = 0.0f;
+        for (int64_t m = 0; m < M; m++) {
             bn_store_float(h, dtype, m, bn_load_float(h, dtype, m) + bn_load_float(y, dtype, m));
-        row_stats(dtype, h, norm_weight, M, stats, slots);
+            const float v = bn_load_float(h, dtype, m);
+            lane_sum[m % BN_CPU_NORM_LANES] += v * v;
+            max = bn_max_or_nan(max, fabsf(v * bn_load_float(norm_weight, dtype, m)));
+        }
+        for (int l = 0; l < BN_CPU_NORM_LANES; l++) sum += lane_sum[l];
+        stats[0] = sum;
+        stats[1] = max;
+        for (int64_t s = 2; s < 2 * slots; s++) stats[s] = 0.0f;
     }
     free(y);
     return status;
@@ -106,39 +98,6 @@ bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
     bitnet_status status = bn_cpu_gemv_w2a8_rope_append_kv(dtype, w_packed, w_scales, K, x_q,
                                                            &x_scale, Hq, Hkv, D, q, k_cache,
                                                            v_cache, C, position, theta);
-    free(x_q);
-    return status;
-}
-
-bitnet_status bn_cpu_rmsnorm_gemv_w2a8_glu_norm_stats(
-    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
-    float eps, const uint8_t *w_packed, const float *w_scales, int64_t F, int64_t K,
-    int32_t activation, const void *out_norm_weight, void *v, float *out_stats, int64_t out_slots) {
-    void *gate_up = malloc((size_t)(2 * F * bn_dtype_size(dtype)));
-    if (gate_up == NULL)
-        return bn_fail(BITNET_ERR_OUT_OF_MEMORY, "bitnet_rmsnorm_gemv_w2a8_glu_norm_stats: no host "
-                       "memory for the gate|up row (%lld values)", (long long)(2 * F));
-    bitnet_status status = bn_cpu_rmsnorm_gemv_w2a8(dtype, h, norm_weight, stats, slots, eps,
-                                                    w_packed, w_scales, 2 * F, K, gate_up, dtype);
-    if (status == BITNET_OK) {
-        bn_cpu_glu_span(dtype, activation, gate_up, 0, F, F, v, 0);
-        row_stats(dtype, v, out_norm_weight, F, out_stats, out_slots);
-    }
-    free(gate_up);
-    return status;
-}
-
-bitnet_status bn_cpu_rmsnorm_gemv_w2a8_add_norm_stats(
-    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
-    float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
-    void *residual, const void *out_norm_weight, float *out_stats, int64_t out_slots) {
-    int8_t *x_q = malloc((size_t)K);
-    if (x_q == NULL) return no_memory("bitnet_rmsnorm_gemv_w2a8_add_norm_stats", K);
-    float x_scale;
-    normed_codes(dtype, h, norm_weight, stats, slots, eps, K, x_q, &x_scale);
-    bitnet_status status = bn_cpu_gemv_w2a8_add_norm_stats(dtype, w_packed, w_scales, M, K, x_q,
-                                                           &x_scale, residual, out_norm_weight,
-                                                           out_stats, out_slots);
     free(x_q);
     return status;
 }

@@ -24,13 +24,8 @@
  *   - bitnet_gemv_w2a8_add_norm_stats, an epilogue that adds each output to the residual and leaves
  *     the block's sum of squares and max |v w| of the new residual in its stats slot;
  *   - bitnet_rmsnorm_gemv_w2a8 (and its RoPE form), a prologue that makes x from h and those slots:
- *     every warp sums the slots and its block quantizes the RMSNorm of h itself, so no norm kernel
- *     runs between the two GEMVs;
- *   - bitnet_rmsnorm_gemv_w2a8_glu_norm_stats, that prologue and a GLU epilogue: the rows of each
- *     gate and up pair in lanes l and l ^ 8 (paired_row), the gated value stored with its norm
- *     statistics for the down projection's prologue;
- *   - bitnet_rmsnorm_gemv_w2a8_add_norm_stats, that prologue and the residual epilogue (the down
- *     projection between the FFN's sub-norm and the next layer's input norm).
+ *     every block sums the slots and quantizes the RMSNorm of h itself, so no norm kernel runs
+ *     between the two GEMVs.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py, BENCHMARKS.md, 2026-11-26): 55296x5120 24.0 us = 2960 GB/s (95% of read
@@ -139,19 +134,14 @@ struct RopeArgs {
     int Hq, Hkv, D, C;
 };
 
-/* Rows in pairs (i, i + D/2) of each block of D rows: virtual row 4u + r (a warp's tile u, the lanes
- * of r = lane / 8) is pair i = 2u' + r / 2 of its block (u' the tile within the block), row i for
- * even r and i + D/2 for odd r, so that lanes l and l ^ 8 hold the two rows of a pair (D % 4 == 0:
- * a tile never straddles two blocks). */
-__device__ __forceinline__ int paired_row(int row, int D) {
-    const int block = row / D, j = row - block * D;
-    return block * D + j / 2 + (j % 2) * (D / 2);
-}
-
-/* Rows in the order the RoPE epilogue takes them: the q and k heads' pairs (i, i + D/2) in lanes l
- * and l ^ 8; the v heads keep their order. */
+/* Rows in the order the RoPE epilogue takes them: in the q and k heads, virtual row 4u + r (a warp's
+ * tile u, the lanes of r = lane / 8) is pair i = 2u' + r / 2 of its head (u' the tile within the
+ * head), row i for even r and i + D/2 for odd r, so that lanes l and l ^ 8 hold the two rows of a
+ * pair (D % 4 == 0: a tile never straddles two heads); the v heads keep their order. */
 __device__ __forceinline__ int rope_row(const RopeArgs &r, int row) {
-    return row >= (r.Hq + r.Hkv) * r.D ? row : paired_row(row, r.D);
+    if (row >= (r.Hq + r.Hkv) * r.D) return row;
+    const int head = row / r.D, j = row - head * r.D;
+    return head * r.D + j / 2 + (j % 2) * (r.D / 2);
 }
 
 /* Stores the output of (physical) row `row`, value `y` rounded to T, its pair's partner's from lane
@@ -185,17 +175,13 @@ struct NormStats {
     float sum, max;
 };
 
-/* The producers' epilogues, the statistics of the values v they store into the slots:
- * - kAddStats: v = residual[m] += y[m], as bitnet_rmsnorm's residual add does (y rounded to T, the
- *   sum rounded to T), into `out` (the residual);
- * - kGluStats: v[f] = act(y[f]) * y[F + f] of the gate|up rows (y rounded to T, v rounded to T, as
- *   bitnet_glu_gate stores it), into `out` [F]; the rows in paired_row's order (D = M). */
-struct StatsArgs {
-    void *out;
+/* The producer's epilogue (kAddStats): residual[m] += y[m] as bitnet_rmsnorm's residual add does
+ * (y rounded to T, the sum rounded to T), the statistics of the stored values into the slots. */
+struct AddStatsArgs {
+    void *residual;
     const void *norm_weight;
     NormStats *stats;
     int slots;
-    int activation;
 };
 
 /* The consumer's prologue (kNormed): x = the int8 codes of rmsnorm(h) * norm_weight with eps, as
@@ -209,11 +195,11 @@ struct NormedInputArgs {
 };
 
 enum OneTokenInput { kCodes, kNormed };
-enum OneTokenOutput { kStore, kRope, kAddStats, kGluStats };
+enum OneTokenOutput { kStore, kRope, kAddStats };
 
 struct FusedArgs {
     RopeArgs rope;
-    StatsArgs add;
+    AddStatsArgs add;
     NormedInputArgs in;
 };
 
@@ -300,8 +286,7 @@ __device__ __forceinline__ int4 normed_codes(const uint4 (&h)[2], const uint4 (&
  * below); 0 for rows of at most 2 steps. BLOCK_MAJOR_TAIL: where the tiles take more than one
  * round of the grid's warps (see below). T: void for the plain GEMV, else the dtype of the fused
  * forms' h, residual, q and caches. INPUT: x as codes, or normed from h (NormedInputArgs). OUTPUT:
- * y stored, rotated (RopeArgs: the rows in rope_row's order), or turned into a producer's values
- * and their norm statistics (StatsArgs). */
+ * y stored, rotated (RopeArgs: the rows in rope_row's order) or added (AddStatsArgs). */
 template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT>
 __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f) {
     constexpr bool kRotate = OUTPUT == kRope;
@@ -329,7 +314,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
     /* This lane's row of a tile, and its chunk u of a step of that row. */
     auto lane_row = [&](int tile_) {
         const int row = tile_ * kRowsPerWarp + lane / kLanesPerRow;
-        return kRotate ? rope_row(rope, row) : OUTPUT == kGluStats ? paired_row(row, a.M) : row;
+        return kRotate ? rope_row(rope, row) : row;
     };
     auto lane_chunk = [&](int iteration, int u) { return (iteration * kChunksPerLane + u) * kLanesPerRow + sub; };
 
@@ -368,20 +353,17 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
                                       : 0.0;
     };
 
-    /* The producers: the next norm's weight of this lane's value (the gate rows' in kGluStats), and
-     * the residual (kAddStats, read after the wait) */
+    /* AddStats: the next norm's weight of this lane's row (the residual is read after the wait) */
     auto row_norm_weight = [&](int tile_) {
         int row = lane_row(tile_);
-        if constexpr (OUTPUT == kAddStats || OUTPUT == kGluStats)
-            return tile_ < tiles && row < (OUTPUT == kGluStats ? a.M / 2 : a.M)
-                       ? to_float(static_cast<const T *>(f.add.norm_weight)[row])
-                       : 0.0f;
+        if constexpr (OUTPUT == kAddStats)
+            return tile_ < tiles && row < a.M ? to_float(static_cast<const T *>(f.add.norm_weight)[row]) : 0.0f;
         return 0.0f;
     };
     auto row_residual = [&](int tile_) {
         int row = lane_row(tile_);
         if constexpr (OUTPUT == kAddStats)
-            return tile_ < tiles && row < a.M ? to_float(static_cast<const T *>(f.add.out)[row]) : 0.0f;
+            return tile_ < tiles && row < a.M ? to_float(static_cast<const T *>(f.add.residual)[row]) : 0.0f;
         return 0.0f;
     };
 
@@ -516,18 +498,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
             if (sub == 0 && row < a.M) {
                 const float y = to_float(from_float<T>(bn_w2a8_scaled(static_cast<float>(dot - x_sum), w_scale, x_scale)));
                 const T stored = from_float<T>(residual + y);
-                static_cast<T *>(f.add.out)[row] = stored;
-                const float v = to_float(stored);
-                stats = combine(stats, {v * v, fabsf(v * norm_w)});
-            }
-        } else if constexpr (OUTPUT == kGluStats) {
-            const float y = to_float(from_float<T>(bn_w2a8_scaled(static_cast<float>(dot - x_sum), w_scale, x_scale)));
-            const float up = __shfl_xor_sync(~0u, y, kLanesPerRow);
-            if (sub == 0 && row < a.M / 2) { /* a gate row; lane ^ 8 holds its up row */
-                const T stored = from_float<T>(f.add.activation == BITNET_ACTIVATION_SILU
-                                                   ? bn_glu<BITNET_ACTIVATION_SILU>(y, up)
-                                                   : bn_glu<BITNET_ACTIVATION_RELU2>(y, up));
-                static_cast<T *>(f.add.out)[row] = stored;
+                static_cast<T *>(f.add.residual)[row] = stored;
                 const float v = to_float(stored);
                 stats = combine(stats, {v * v, fabsf(v * norm_w)});
             }
@@ -538,7 +509,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
         norm_w = next_norm_w;
         residual = next_residual;
     }
-    if constexpr (OUTPUT == kAddStats || OUTPUT == kGluStats) {
+    if constexpr (OUTPUT == kAddStats) {
         /* the block's slot: the warps' rows (lanes 0, 8, 16, 24), then the warps, in a fixed order */
         __shared__ NormStats warps[kWarps];
         stats = shuffle_combine(shuffle_combine(stats, 8), 16);
@@ -904,8 +875,9 @@ bitnet_status launch_fused(const BnGpu &gpu, const GemvArgs &a, const FusedArgs 
                            &resident));
     const int64_t blocks = p.work_blocks < resident ? p.work_blocks : resident;
     if (max_blocks > 0 && blocks > max_blocks)
-        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "stats has %lld slots, the launch needs %lld "
-                       "(bitnet_norm_stats_slots gives the count)", (long long)max_blocks, (long long)blocks);
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_gemv_w2a8_add_norm_stats: stats has %lld slots, the "
+                       "launch needs %lld (bitnet_norm_stats_slots gives the count)", (long long)max_blocks,
+                       (long long)blocks);
     BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), p.shared_bytes,
                               stream, a, f));
     return BITNET_OK;
@@ -1001,8 +973,8 @@ bitnet_status bn_cuda_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype, co
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     FusedArgs f{};
-    f.add = StatsArgs{residual, norm_weight, reinterpret_cast<NormStats *>(stats),
-                      static_cast<int>(slots < INT32_MAX ? slots : INT32_MAX), 0};
+    f.add = AddStatsArgs{residual, norm_weight, reinterpret_cast<NormStats *>(stats),
+                         static_cast<int>(slots < INT32_MAX ? slots : INT32_MAX)};
     return launch_fused<kCodes, kAddStats>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr,
                                                                  dtype, 1),
                                            f, slots, stream);
@@ -1043,48 +1015,4 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t d
     return launch_fused<kNormed, kRope>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, nullptr,
                                                               dtype, 1),
                                         f, 0, stream);
-}
-
-bitnet_status bn_cuda_rmsnorm_gemv_w2a8_glu_norm_stats(int32_t device, int32_t dtype, const void *h,
-                                                       const void *norm_weight, const float *stats, int64_t slots,
-                                                       float eps, const uint8_t *w_packed, const float *w_scales,
-                                                       int64_t F, int64_t K, int32_t activation,
-                                                       const void *out_norm_weight, void *v, float *out_stats,
-                                                       int64_t out_slots, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    if (F > INT32_MAX / 4)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rmsnorm_gemv_w2a8_glu_norm_stats: F = %lld is over the "
-                       "CUDA kernel's limit (%d)", (long long)F, INT32_MAX / 4);
-    BnGpu gpu{device, 0};
-    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
-    FusedArgs f{};
-    f.in = normed_input(h, norm_weight, stats, slots, eps);
-    f.add = StatsArgs{v, out_norm_weight, reinterpret_cast<NormStats *>(out_stats),
-                      static_cast<int>(out_slots < INT32_MAX ? out_slots : INT32_MAX), activation};
-    return launch_fused<kNormed, kGluStats>(gpu, dtype, gemv_args(w_packed, w_scales, 2 * F, K, nullptr, nullptr,
-                                                                  nullptr, dtype, 1),
-                                            f, out_slots, stream);
-}
-
-bitnet_status bn_cuda_rmsnorm_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype, const void *h,
-                                                       const void *norm_weight, const float *stats, int64_t slots,
-                                                       float eps, const uint8_t *w_packed, const float *w_scales,
-                                                       int64_t M, int64_t K, void *residual,
-                                                       const void *out_norm_weight, float *out_stats,
-                                                       int64_t out_slots, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    if (M > INT32_MAX / 2)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rmsnorm_gemv_w2a8_add_norm_stats: M = %lld is over the "
-                       "CUDA kernel's limit (%d)", (long long)M, INT32_MAX / 2);
-    BnGpu gpu{device, 0};
-    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
-    FusedArgs f{};
-    f.in = normed_input(h, norm_weight, stats, slots, eps);
-    f.add = StatsArgs{residual, out_norm_weight, reinterpret_cast<NormStats *>(out_stats),
-                      static_cast<int>(out_slots < INT32_MAX ? out_slots : INT32_MAX), 0};
-    return launch_fused<kNormed, kAddStats>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, nullptr, nullptr,
-                                                                  nullptr, dtype, 1),
-                                            f, out_slots, stream);
 }
