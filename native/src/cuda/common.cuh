@@ -189,6 +189,18 @@ __device__ __forceinline__ void bn_rope_rotate(float a, float c, float cs, float
     hi = from_float<T>(c * cs + a * sn);
 }
 
+/* The sum of every thread's v over a block of WARPS warps, in every thread; scratch holds WARPS
+ * values in shared memory. */
+template <int WARPS, typename V> __device__ __forceinline__ V bn_block_sum(V v, V *scratch) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(~0u, v, offset);
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    V total = 0;
+    for (int w = 0; w < WARPS; w++) total += scratch[w];
+    return total;
+}
+
 /* max(a, b), or NaN if either is NaN (fmaxf returns the other operand): the activation
  * quantizers' row maxima, so that a non-finite input shows in the maximum (bn_max_or_nan on the
  * CPU). */

@@ -124,16 +124,6 @@ __device__ SumMax block_sum_max(SumMax v, float *scratch) {
     return total;
 }
 
-/* The block-wide sum of every thread's v (int or double), in every thread. */
-template <typename V> __device__ V block_sum(V v, V *scratch) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(~0u, v, offset);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-    __syncthreads();
-    V total = 0;
-    for (int w = 0; w < kWarps; w++) total += scratch[w];
-    return total;
-}
 
 template <typename T> __device__ __forceinline__ void to_floats(const uint4 &raw, float (&f)[8]) {
     const T *e = reinterpret_cast<const T *>(&raw);
@@ -192,7 +182,7 @@ __device__ Codes norm_codes(const T *v, const T *w, int K, float eps, int8_t *x_
 #pragma unroll
                 for (int j = 0; j < 8; j++) sum64 += (double)x[j] * x[j];
             }
-            sum64 = block_sum(sum64, reinterpret_cast<double *>(scratch + 2 * kWarps));
+            sum64 = bn_block_sum<kWarps>(sum64, reinterpret_cast<double *>(scratch + 2 * kWarps));
             r = (float)(1.0 / sqrt(sum64 / (double)K + (double)eps));
         }
     }
@@ -214,7 +204,7 @@ __device__ Codes norm_codes(const T *v, const T *w, int K, float eps, int8_t *x_
         const int k = 8 * i;
         *reinterpret_cast<uint2 *>(x_tile + x_offset(k / 64, (k % 64) / 16) + k % 16) = make_uint2(packed[0], packed[1]);
     }
-    sum = block_sum(sum, reinterpret_cast<int *>(scratch + 2 * kWarps));
+    sum = bn_block_sum<kWarps>(sum, reinterpret_cast<int *>(scratch + 2 * kWarps));
     return {sum, scale};
 }
 

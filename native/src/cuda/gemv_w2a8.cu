@@ -241,17 +241,6 @@ __device__ __forceinline__ NormStats sum_slots(const NormedInputArgs &in) {
     return v;
 }
 
-/* The sum of every thread's v, in float64, in every thread (the consumer's rare path). */
-__device__ double block_sum(double v) {
-    __shared__ double warps[kWarps];
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(~0u, v, offset);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
-    __syncthreads();
-    double all = 0.0;
-    for (int w = 0; w < kWarps; w++) all += warps[w];
-    return all;
-}
 
 /* Element j (0..7) of 8 values of T packed in 16 bytes, as float, without taking the vector's address
  * (which would put it in local memory). */
@@ -424,7 +413,8 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
                     const double v = element<T>(h[i][j / 8], j % 8);
                     sum += v * v;
                 }
-            sum = block_sum(sum);
+            __shared__ double warp_sums[kWarps];
+            sum = bn_block_sum<kWarps>(sum, warp_sums);
             r = static_cast<float>(1.0 / sqrt(sum / a.K + static_cast<double>(f.in.eps)));
         }
         const float max_y = all.max * r;
@@ -883,13 +873,25 @@ bitnet_status launch_fused(const BnGpu &gpu, const GemvArgs &a, const FusedArgs 
     return BITNET_OK;
 }
 
-/* The two dtypes of the fused forms. */
+/* A fused form's launch on `device` (current for the call), in either dtype of the fused forms. */
 template <int INPUT, int OUTPUT>
-bitnet_status launch_fused(const BnGpu &gpu, int32_t dtype, const GemvArgs &a, const FusedArgs &f,
-                           int64_t max_blocks, void *stream) {
+bitnet_status launch_fused(int32_t device, int32_t dtype, const GemvArgs &a, const FusedArgs &f, int64_t max_blocks,
+                           void *stream) {
+    BnDeviceGuard guard;
+    BN_CUDA_ENTER(guard, device);
+    BnGpu gpu{device, 0};
+    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     cudaStream_t s = bn_stream(stream);
     return dtype == BITNET_DTYPE_BF16 ? launch_fused<__nv_bfloat16, INPUT, OUTPUT>(gpu, a, f, max_blocks, s)
                                       : launch_fused<__half, INPUT, OUTPUT>(gpu, a, f, max_blocks, s);
+}
+
+/* The one-token kernel's row limit. */
+bitnet_status check_rows(const char *fn, int64_t M) {
+    if (M > INT32_MAX / 2)
+        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: M = %lld is over the CUDA kernel's limit (%d)", fn, (long long)M,
+                       INT32_MAX / 2);
+    return BITNET_OK;
 }
 
 RopeArgs rope_args(void *q, void *k_cache, void *v_cache, const int32_t *position, float theta, int64_t Hq,
@@ -909,9 +911,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
                                 int64_t N, void *y, int32_t y_dtype, void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
-    if (M > INT32_MAX / 2)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8: M = %lld is over the CUDA "
-                       "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
+    BN_TRY(check_rows("bitnet_gemv_w2a8", M));
     cudaStream_t s = bn_stream(stream);
     int64_t y_size = bn_dtype_size(y_dtype);
     /* From kGemmMinTokens tokens on, the GEMM (sm_80+). Else tokens per launch: 1 (dp4a), else 8 or
@@ -941,14 +941,10 @@ bitnet_status bn_cuda_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, co
                                                const float *x_scale, int64_t Hq, int64_t Hkv, int64_t D,
                                                void *q, void *k_cache, void *v_cache, int64_t C,
                                                const int32_t *position, float theta, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
     const int64_t M = (Hq + 2 * Hkv) * D; /* < 2^28 by the entry point's limits on Hq, Hkv and D */
-    BnGpu gpu{device, 0};
-    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     FusedArgs f{};
     f.rope = rope_args(q, k_cache, v_cache, position, theta, Hq, Hkv, D, C);
-    return launch_fused<kCodes, kRope>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1),
+    return launch_fused<kCodes, kRope>(device, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1),
                                        f, 0, stream);
 }
 
@@ -965,37 +961,25 @@ bitnet_status bn_cuda_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype, co
                                                const float *w_scales, int64_t M, int64_t K, const int8_t *x_q,
                                                const float *x_scale, void *residual, const void *norm_weight,
                                                float *stats, int64_t slots, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    if (M > INT32_MAX / 2)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_gemv_w2a8_add_norm_stats: M = %lld is over the CUDA "
-                       "kernel's limit (%d)", (long long)M, INT32_MAX / 2);
-    BnGpu gpu{device, 0};
-    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    BN_TRY(check_rows("bitnet_gemv_w2a8_add_norm_stats", M));
     FusedArgs f{};
     f.add = AddStatsArgs{residual, norm_weight, reinterpret_cast<NormStats *>(stats),
                          static_cast<int>(slots < INT32_MAX ? slots : INT32_MAX)};
-    return launch_fused<kCodes, kAddStats>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr,
-                                                                 dtype, 1),
-                                           f, slots, stream);
+    return launch_fused<kCodes, kAddStats>(device, dtype,
+                                           gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1), f,
+                                           slots, stream);
 }
 
 bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void *h, const void *norm_weight,
                                         const float *stats, int64_t slots, float eps, const uint8_t *w_packed,
                                         const float *w_scales, int64_t M, int64_t K, void *y, int32_t y_dtype,
                                         void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
-    if (M > INT32_MAX / 2)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_rmsnorm_gemv_w2a8: M = %lld is over the CUDA kernel's "
-                       "limit (%d)", (long long)M, INT32_MAX / 2);
-    BnGpu gpu{device, 0};
-    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
+    BN_TRY(check_rows("bitnet_rmsnorm_gemv_w2a8", M));
     FusedArgs f{};
     f.in = normed_input(h, norm_weight, stats, slots, eps);
-    return launch_fused<kNormed, kStore>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, y,
-                                                               y_dtype, 1),
-                                         f, 0, stream);
+    return launch_fused<kNormed, kStore>(device, dtype,
+                                         gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, y, y_dtype, 1), f, 0,
+                                         stream);
 }
 
 bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, const void *h,
@@ -1004,15 +988,11 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t d
                                                        const float *w_scales, int64_t K, int64_t Hq, int64_t Hkv,
                                                        int64_t D, void *q, void *k_cache, void *v_cache, int64_t C,
                                                        const int32_t *position, float theta, void *stream) {
-    BnDeviceGuard guard;
-    BN_CUDA_ENTER(guard, device);
     const int64_t M = (Hq + 2 * Hkv) * D; /* < 2^28 by the entry point's limits on Hq, Hkv and D */
-    BnGpu gpu{device, 0};
-    BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     FusedArgs f{};
     f.rope = rope_args(q, k_cache, v_cache, position, theta, Hq, Hkv, D, C);
     f.in = normed_input(h, norm_weight, stats, slots, eps);
-    return launch_fused<kNormed, kRope>(gpu, dtype, gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, nullptr,
-                                                              dtype, 1),
-                                        f, 0, stream);
+    return launch_fused<kNormed, kRope>(device, dtype,
+                                        gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, nullptr, dtype, 1), f, 0,
+                                        stream);
 }
