@@ -17,6 +17,7 @@ from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 from .layer_glue import BITNET_ROPE_THETA, qkv_rope_arrays, rope_theta
 from .ternary import OUT_DTYPES, TernaryWeights
 
+
 def norm_stats_slots(device):
     """The slots of a stats array on `device` (an index, or -1 for the CPU): 1 on the CPU, two per
     SM on a GPU."""

@@ -265,10 +265,9 @@ class Session:
         for index, layer in enumerate(w.layers):
             # attention block: h += o_proj(sub_norm(attention(rope(qkv(norm(h))))))
             normed = fuse_norms and index > 0  # the previous down projection left the stats
-            if residual is None and not normed:
-                x_q, x_s = self.norm_quantize(b["h"], layer.attn_norm, b)
-            elif not normed:
-                x_q, x_s = self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual)
+            if not normed:
+                x_q, x_s = (self.norm_quantize(b["h"], layer.attn_norm, b) if residual is None else
+                            self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual))
             if steps == 1 and self.fuse_qkv_rope:
                 if normed:
                     self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8_rope_append_kv, b["h"],

@@ -15,6 +15,14 @@ bitnet_status bitnet_norm_stats_slots(int32_t device, int64_t *slots) {
     return BN_CUDA(bn_cuda_norm_stats_slots(device, slots));
 }
 
+/* A stats array's slot count: positive, its bytes within int64. */
+static bitnet_status check_slots(const char *fn, int64_t slots) {
+    BN_CHECK(slots >= 1, "%s: slots must be positive, got %lld", fn, (long long)slots);
+    char what[96];
+    snprintf(what, sizeof what, "%s: stats", fn);
+    return bn_check_size(what, slots, 8);
+}
+
 bitnet_status bitnet_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
                                               const uint8_t *w_packed, const float *w_scales,
                                               int64_t M, int64_t K, const int8_t *x_q,
@@ -25,8 +33,7 @@ bitnet_status bitnet_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_activation_dtype(fn, device, dtype));
     BN_TRY(bn_check_ternary_shape(fn, "M", M, K));
-    BN_CHECK(slots >= 1, "%s: slots must be positive, got %lld", fn, (long long)slots);
-    BN_TRY(bn_check_size("bitnet_gemv_w2a8_add_norm_stats: stats", slots, 8));
+    BN_TRY(check_slots(fn, slots));
     const int64_t size = bn_dtype_size(dtype);
     const bn_array arrays[] = {{"w_packed", w_packed, M * K / 4, 16, BN_READ},
                                {"w_scales", w_scales, M * 4, 4, BN_READ},
@@ -49,12 +56,9 @@ static bitnet_status check_normed_input(const char *fn, int32_t device, int32_t 
                                         int64_t slots, float eps) {
     BN_TRY(bn_check_device(device));
     BN_TRY(bn_check_activation_dtype(fn, device, dtype));
-    BN_CHECK(slots >= 1, "%s: slots must be positive, got %lld", fn, (long long)slots);
     BN_CHECK(isfinite(eps) && eps > 0.0f, "%s: eps must be finite and > 0, got %g", fn,
              (double)eps);
-    char what[96];
-    snprintf(what, sizeof what, "%s: stats", fn);
-    BN_TRY(bn_check_size(what, slots, 8));
+    BN_TRY(check_slots(fn, slots));
     if (device == BITNET_DEVICE_CPU) return BITNET_OK;
     if (K > BN_CUDA_NORMED_MAX_K)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: K = %lld is over the CUDA kernel's limit for "

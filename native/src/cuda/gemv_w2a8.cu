@@ -24,8 +24,8 @@
  *   - bitnet_gemv_w2a8_add_norm_stats, an epilogue that adds each output to the residual and leaves
  *     the block's sum of squares and max |v w| of the new residual in its stats slot;
  *   - bitnet_rmsnorm_gemv_w2a8 (and its RoPE form), a prologue that makes x from h and those slots:
- *     every block sums the slots and quantizes the RMSNorm of h itself, so no norm kernel runs
- *     between the two GEMVs.
+ *     every warp sums the slots and every block quantizes the RMSNorm of h itself, so no norm
+ *     kernel runs between the two GEMVs.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py, BENCHMARKS.md, 2026-11-26): 55296x5120 24.0 us = 2960 GB/s (95% of read
@@ -35,7 +35,6 @@
 #include <cuda_fp16.h>
 
 #include <float.h>
-
 
 #include <type_traits>
 
@@ -241,7 +240,6 @@ __device__ __forceinline__ NormStats sum_slots(const NormedInputArgs &in) {
     return v;
 }
 
-
 /* Element j (0..7) of 8 values of T packed in 16 bytes, as float, without taking the vector's address
  * (which would put it in local memory). */
 template <typename T> __device__ __forceinline__ float element(const uint4 &v, int j) {
@@ -249,6 +247,19 @@ template <typename T> __device__ __forceinline__ float element(const uint4 &v, i
     const uint32_t bits = j % 2 ? word >> 16 : word & 0xFFFFu;
     if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(bits << 16);
     else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+/* This thread's pieces of a K-vector of T for the normed input: 16 values (two 16-byte vectors) at
+ * piece threadIdx.x + i * kThreads, zeros past K / 16. */
+__device__ __forceinline__ void load_pieces(const void *src, int K, uint4 (&out)[kNormedPieces][2]) {
+#pragma unroll
+    for (int i = 0; i < kNormedPieces; i++) {
+        const int piece = threadIdx.x + i * kThreads;
+        if (piece < K / 16) {
+            out[i][0] = static_cast<const uint4 *>(src)[2 * piece];
+            out[i][1] = static_cast<const uint4 *>(src)[2 * piece + 1];
+        }
+    }
 }
 
 /* 16 codes of the normed input from 16 values of h and of the norm weight (two 16-byte vectors
@@ -364,16 +375,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
     double freq = inv_freq(tile);
     float norm_w = row_norm_weight(tile);
     uint4 in_w[kNormedPieces][2] = {};
-    if constexpr (INPUT == kNormed) {
-#pragma unroll
-        for (int i = 0; i < kNormedPieces; i++) {
-            const int piece = threadIdx.x + i * kThreads;
-            if (piece < a.K / 16) {
-                in_w[i][0] = static_cast<const uint4 *>(f.in.norm_weight)[2 * piece];
-                in_w[i][1] = static_cast<const uint4 *>(f.in.norm_weight)[2 * piece + 1];
-            }
-        }
-    }
+    if constexpr (INPUT == kNormed) load_pieces(f.in.norm_weight, a.K, in_w);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
     const int position = kRotate ? *rope.position : 0;
@@ -388,14 +390,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
     int x_sum = 0;
     if constexpr (INPUT == kNormed) {
         uint4 h[kNormedPieces][2] = {};
-#pragma unroll
-        for (int i = 0; i < kNormedPieces; i++) {
-            const int piece = threadIdx.x + i * kThreads;
-            if (piece < a.K / 16) {
-                h[i][0] = static_cast<const uint4 *>(f.in.h)[2 * piece];
-                h[i][1] = static_cast<const uint4 *>(f.in.h)[2 * piece + 1];
-            }
-        }
+        load_pieces(f.in.h, a.K, h);
         const NormStats all = sum_slots(f.in);
         /* 1 / RMS and the code scale, with bitnet_rmsnorm's rules (inverse_rms with eps > 0,
          * row_scale in rmsnorm.cu): where the float32 mean square is not a normal float, from the
@@ -849,9 +844,8 @@ GemvArgs gemv_args(const uint8_t *w_packed, const float *w_scales, int64_t M, in
     return a;
 }
 
-/* A fused form of the one-token launch: the plain GEMV's plan for M x K. Its grid, at most the
- * resident blocks, goes to *blocks before the launch; with `max_blocks` > 0 a larger grid is refused
- * (the producer's stats slots). */
+/* A fused form of the one-token launch: the plain GEMV's plan for M x K. With `max_blocks` > 0 a
+ * grid of more blocks is refused (the producer's stats slots). */
 template <typename T, int INPUT, int OUTPUT>
 bitnet_status launch_fused(const BnGpu &gpu, const GemvArgs &a, const FusedArgs &f, int64_t max_blocks,
                            cudaStream_t stream) {
