@@ -87,6 +87,14 @@ __device__ __forceinline__ void bn_pdl_launch_dependents() {
 #endif
 }
 
+/* Asks L2 for the 128-byte lines that hold p[first, first + count) (floats, first a multiple of 32),
+ * up to p[end - 1]: one line for each thread numbered 0, 1, ... by `thread`. A kernel whose last
+ * steps read such values (the scales of its epilogue) then waits on L2 there, not on DRAM. */
+__device__ __forceinline__ void bn_prefetch_l2(const float *p, int first, int count, int end, int thread) {
+    const int i = first + 32 * thread;
+    if (thread >= 0 && 32 * thread < count && i < end) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + i));
+}
+
 /* kernel<<<grid, block, shared_bytes, stream>>>(args...) in thread-block clusters of `cluster`
  * blocks along x (1: none; more needs sm_90), with programmatic stream serialization on GPUs that
  * have it. */

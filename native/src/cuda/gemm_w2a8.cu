@@ -159,8 +159,6 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / SPLIT) - kt0;
     const int64_t w_row_bytes = a.K / 4;
 
-    bn_pdl_wait();
-
     /* The copies of a stage: thread tid copies x rows tid / 8 + j threads / 8 (chunk tid % 8) and
      * weight rows tid / 2 + j threads / 2 (half tid % 2); the swizzles depend only on tid. */
     constexpr int kXCopies = BM * 8 / T::kThreads, kWCopies = BN * 2 / T::kThreads;
@@ -168,7 +166,7 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     const int8_t *x_src = a.x + static_cast<int64_t>(token0 + x_r) * a.K + x_c * 16;
     const uint8_t *w_src = a.w + static_cast<int64_t>(row0 + w_n) * w_row_bytes + w_h * 16;
     const int x_dst = x_tile_offset(x_r, x_c), w_dst = T::kXBytes + w_tile_offset(w_n, w_h);
-    auto load_stage = [&](int s, int kt) {
+    auto load_x = [&](int s, int kt) {
         const uint32_t base = smem_base + s * T::kStageBytes;
 #pragma unroll
         for (int j = 0; j < kXCopies; j++) {
@@ -177,6 +175,9 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
             copy16(base + x_dst + j * kRows * 128,
                    valid ? x_src + static_cast<int64_t>(kRows * j) * a.K + kt * kTileK : a.x, valid);
         }
+    };
+    auto load_w = [&](int s, int kt) {
+        const uint32_t base = smem_base + s * T::kStageBytes;
 #pragma unroll
         for (int j = 0; j < kWCopies; j++) {
             constexpr int kRows = T::kThreads / 2;
@@ -185,6 +186,18 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
                    valid ? w_src + kRows * j * w_row_bytes + kt * kTileKBytesW : a.w, valid);
         }
     };
+
+    /* The weights and their scales never depend on the previous kernel (as in gemm_w2a8_sm90.cu): the
+     * first stages' weights (one copy group, ahead of the stages' x groups) and the L2 lines of the
+     * block's row scales are requested before the PDL wait, the token scales' lines right after it,
+     * so that the epilogue's scale loads hit L2. */
+    bn_prefetch_l2(a.w_scales, row0, BN, a.M, tid);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < k_tiles) load_w(s, kt0 + s);
+    copy_commit();
+    bn_pdl_wait();
+    bn_prefetch_l2(a.x_scales, token0, BM, a.N, tid - 32);
 
     /* Fragments of k32 step `step` of a stage. A (x): lane l reads row (l % 8) + 8 ((l / 8) % 2) of a
      * 16-token tile, chunk 2 step + l / 16, swizzled by the row's low 3 bits (the same for every mi).
@@ -208,10 +221,10 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
-        if (s < k_tiles) load_stage(s, kt0 + s);
+        if (s < k_tiles) load_x(s, kt0 + s);
         copy_commit();
     }
-    copy_wait<STAGES - 2>();
+    copy_wait<STAGES - 2>(); /* the weights' group and tile 0's x */
     __syncthreads();
 
     /* Fragments are read one k32 step ahead of the mma (double buffers). Stage of tile kt: kt %
@@ -222,7 +235,10 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
     int stage = 0;
     if (k_tiles > 0) load_fragments(af[0], bw[0], smem_base, 0);
     for (int kt = 0; kt < k_tiles; kt++) {
-        if (kt + STAGES - 1 < k_tiles) load_stage((kt + STAGES - 1) % STAGES, kt0 + kt + STAGES - 1);
+        if (kt + STAGES - 1 < k_tiles) {
+            load_x((kt + STAGES - 1) % STAGES, kt0 + kt + STAGES - 1);
+            load_w((kt + STAGES - 1) % STAGES, kt0 + kt + STAGES - 1);
+        }
         copy_commit();
 #pragma unroll
         for (int step = 0; step < 4; step++) {
@@ -319,6 +335,7 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
 #endif
     }
 
+    /* The scales are loaded before any store (y might alias them as far as the compiler knows). */
     float w_scale[T::kNI][2];
     const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
 #pragma unroll
@@ -327,19 +344,26 @@ __global__ __launch_bounds__(WARPS_M *WARPS_N * 32, 1) void gemm_w2a8(const Gemm
         w_scale[ni][0] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
         w_scale[ni][1] = scaled_out && m + 1 < a.M ? a.w_scales[m + 1] : 0.0f;
     }
+    float x_scale[T::kMI][2];
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; mi++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int n = token0 + warp_m * T::kWarpTokens + 16 * mi + g + 8 * half;
+            x_scale[mi][half] = scaled_out && n < a.N ? a.x_scales[n] : 0.0f;
+        }
 #pragma unroll
     for (int mi = 0; mi < T::kMI; mi++) {
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int n = token0 + warp_m * T::kWarpTokens + 16 * mi + g + 8 * half;
             if (n >= a.N) continue;
-            const float x_scale = scaled_out ? a.x_scales[n] : 0.0f;
 #pragma unroll
             for (int ni = 0; ni < T::kNI; ni++) {
                 const int m = row0 + warp_n * T::kWarpRows + 8 * ni + 2 * t;
                 if (m >= a.M || ((mi * 2 + half) * T::kNI + ni) % SPLIT != split) continue;
                 store_pair(a, n, m, acc[mi][ni][2 * half], acc[mi][ni][2 * half + 1], w_scale[ni][0],
-                           w_scale[ni][1], x_scale, m + 1 < a.M);
+                           w_scale[ni][1], x_scale[mi][half], m + 1 < a.M);
             }
         }
     }
