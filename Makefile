@@ -1,5 +1,5 @@
 # Builds build/libbitnet.so: the CUDA backend with nvcc when it is found, else a CPU-only library.
-#   make                      all default GPU architectures (sm_75 ... sm_90 + PTX)
+#   make                      the default GPU architectures (sm_75, sm_80, sm_90 + PTX)
 #   make CUDA_ARCHS=90        only sm_90 (faster builds for one machine)
 #   make BITNET_CPU_ONLY=1    the CPU-only library even where nvcc exists
 #   make install PREFIX=/usr/local   the library (with its SONAME links) and bitnet.h, for C users
@@ -17,7 +17,9 @@ LIB         := $(BUILD_DIR)/libbitnet.so
 VERSION_OF   = $(shell sed -n 's/^\#define BITNET_VERSION_$(1) \([0-9]*\)$$/\1/p' native/include/bitnet.h)
 VERSION     := $(call VERSION_OF,MAJOR).$(call VERSION_OF,MINOR).$(call VERSION_OF,PATCH)
 SONAME      := libbitnet.so.$(call VERSION_OF,MAJOR).$(call VERSION_OF,MINOR)
-CUDA_ARCHS  ?= 75 80 86 89 90
+# sm_86 and sm_89 GPUs run sm_80's machine code (a cubin runs on later minor versions of its major
+# one) and the kernels have no code of their own for them; newer GPUs JIT-compile sm_90's PTX.
+CUDA_ARCHS  ?= 75 80 90
 CC          ?= cc
 PYTHON      ?= python3
 
@@ -148,7 +150,7 @@ asan:
 asan-test: $(VENV)/.installed asan
 	BITNET_LIB=$(CURDIR)/$(ASAN_DIR)/libbitnet.so LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) \
 	    $$($(CC) -print-file-name=libubsan.so)" ASAN_OPTIONS=detect_leaks=0 \
-	    UBSAN_OPTIONS=print_stacktrace=1 $(VENV)/bin/python -m pytest -m cpu -q -p no:cacheprovider
+	    UBSAN_OPTIONS=print_stacktrace=1 $(VENV)/bin/python -m pytest -m cpu -q -p no:cacheprovider -n auto
 
 FORCE:
 

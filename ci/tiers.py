@@ -10,6 +10,7 @@ only when asked for. GPUs are probed through libbitnet itself, so BITNET_GPU_FAK
 A GPU tier asked for by number on a machine without a real CUDA GPU fails at once, saying why:
 nothing would be tested."""
 import argparse
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ TIERS = {"1": ("cpu", "runs anywhere"), "2": ("gpu_smoke", "quick GPU checks"),
          "3": ("gpu", "GPU integration and parity"), "4": ("perf", "performance targets on an H100"),
          "soak": ("soak", "CPU memory soak, runs anywhere")}
 NEEDS_GPU = ("2", "3", "4")
+CPU_MARKERS = {"cpu", "soak"}
 
 
 def probe():
@@ -59,6 +61,15 @@ def choose(tier, gpus, reason):
     return run, skipped
 
 
+def workers(markers):
+    """pytest-xdist's arguments: the CPU tiers spread over every core (tests one at a time leave
+    most of a small CI machine idle); a run with GPU tests stays in one process, as the tests share
+    the GPU. [] where xdist is not installed."""
+    if set(markers) <= CPU_MARKERS and importlib.util.find_spec("xdist"):
+        return ["-n", "auto"]
+    return []
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tier", default="auto", choices=["auto", *TIERS])
@@ -76,7 +87,7 @@ def main():
     expression = " or ".join(marker for marker, _ in run)
     if any(marker == "multi_gpu" for marker, _ in skipped):  # also where a test is gpu and multi_gpu
         expression = f"({expression}) and not multi_gpu"
-    command = [sys.executable, "-m", "pytest", "-m", expression, *pytest_args]
+    command = [sys.executable, "-m", "pytest", "-m", expression, *workers(m for m, _ in run), *pytest_args]
     print("[tiers] " + " ".join(command), flush=True)
     code = subprocess.call(command, cwd=REPO)
     print(f"[tiers] ran: {', '.join(m for m, _ in run)}; pytest exit code {code}")

@@ -40,6 +40,13 @@ def real_gpu_count():
         return 0
 
 
+def plain_run_only(why):
+    """Skips a test in make asan-test's run of tier 1 (the ASan runtime preloaded), where it would
+    check nothing more than the plain run does; `why` says why."""
+    return pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                              reason=f"run by the plain tier 1 run; {why}")
+
+
 def pytest_collection_modifyitems(config, items):
     wrong = [f"{item.nodeid}: {[m for m in TIER_MARKERS if item.get_closest_marker(m)]}"
              for item in items if sum(bool(item.get_closest_marker(m)) for m in TIER_MARKERS) != 1]

@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 
 import bitnet_ffi as bn
+from conftest import plain_run_only
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.cpu, pytest.mark.skipif(
-    "libasan" in os.environ.get("LD_PRELOAD", ""),
-    reason="run by the plain tier 1 run; under the ASan preload every compiler the build starts "
-           "would load ASan too")]
+pytestmark = [pytest.mark.cpu,
+              plain_run_only("under the ASan preload every compiler the build starts would load ASan too")]
 
 
 def clean_environment(**extra):

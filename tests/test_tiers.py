@@ -38,6 +38,13 @@ def test_auto_runs_tier_1_and_the_soak_and_the_gpu_tiers_only_with_a_gpu():
     assert [m for m, _ in run] == ["cpu", "soak", "gpu_smoke", "gpu"]
 
 
+def test_only_runs_without_gpu_tests_spread_over_the_cores():
+    cpu_only = ["-n", "auto"] if importlib.util.find_spec("xdist") else []
+    assert tiers.workers(["cpu", "soak"]) == cpu_only
+    assert tiers.workers(["cpu", "soak", "gpu_smoke", "gpu"]) == []
+    assert tiers.workers(["perf"]) == []
+
+
 @pytest.mark.skipif(real_gpu_count() > 0, reason="this machine has a GPU: tier 3 would run")
 def test_tier_3_on_this_machine_fails_and_says_why():
     done = subprocess.run([sys.executable, str(REPO / "ci" / "tiers.py"), "--tier", "3"],

@@ -5,7 +5,6 @@ tools/kernel_code_diff.py tells a changed kernel from an unchanged one, the CUDA
 tools/dev/decode_timeline.py instruments the decode kernel and reads its stamps, and the A/B table
 of tools/report.py (tools/dev/ab_variants.sh) compares variants' rounds."""
 import argparse
-import os
 import re
 import shutil
 import subprocess
@@ -15,14 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import plain_run_only
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cpu
-
-
-def without_sanitizers():
-    """The environment for nvcc, which never loads the library and is not built for the sanitizers
-    that make asan-test preloads."""
-    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+compiles_cuda = plain_run_only("nvcc never loads the library (and under the preload would load ASan)")
 
 
 def import_tool(name, folder="tools"):
@@ -83,6 +79,7 @@ def test_bench_gemv_sums_the_2b4t_projections_timed_alone():
     assert bench_gemv.sum_2b4t_alone(rows[1:], read_gbps=2000.0) is None
 
 
+@compiles_cuda
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="tools/kernel_code_diff.py needs nvcc")
 def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path):
     """The committed add_int32.cu against a copy of itself, then against a copy that subtracts."""
@@ -96,37 +93,40 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
         (tmp_path / name).write_text(body)
         run = subprocess.run([sys.executable, str(REPO / "tools" / "kernel_code_diff.py"), str(source),
                               "--with", str(tmp_path / name)], cwd=REPO, capture_output=True, text=True,
-                             timeout=300, env=without_sanitizers())
+                             timeout=300)
         assert run.returncode == code, run.stdout + run.stderr
         lines = run.stdout.splitlines()
         assert len(lines) == 1 and lines[0].startswith(verdict) and "add_int32_kernel" in lines[0], run.stdout
 
 
+@compiles_cuda
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA probes in tools/ need nvcc")
 @pytest.mark.parametrize("probe", ["read_floor.cu", "cluster_fit.cu"])
 def test_cuda_probes_compile(probe, tmp_path):
     """The standalone probes of tools/dev/ that the log cites build with the line in their header (they run
     only on a GPU machine)."""
     run = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "probe"), str(REPO / "tools" / "dev" / probe)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, env=without_sanitizers())
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "probe").stat().st_size > 0
 
 
+@compiles_cuda
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="building the timeline hooks needs nvcc")
 def test_decode_timeline_hooks_compile_only_in_the_timeline_build(tmp_path):
     """attention_decode.cu with -DBITNET_TIMELINE (as `decode_timeline.py build` compiles it) has
-    the stamps' buffer and the two exports that `run` reads; without the define it has neither."""
+    the stamps' buffer and the two exports that `run` reads; without the define it has neither.
+    The device code is left as PTX: the symbols are the host object's."""
     timeline = import_tool("decode_timeline", "tools/dev")
     assert timeline.RECORD.itemsize == 8 * len(timeline.STAMPS) + 4 * 4 + 8  # TimelineRecord
     symbols = {}
     for name, defines in (("default", []), ("timeline", ["-DBITNET_TIMELINE"])):
         obj = tmp_path / f"{name}.o"
-        run = subprocess.run(["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90,code=sm_90",
+        run = subprocess.run(["nvcc", "-std=c++17", "-O3", "-gencode=arch=compute_90,code=compute_90",
                               "--expt-relaxed-constexpr", "-Inative/include", "-Inative/src",
                               "-Inative/src/cuda", "-DBITNET_HAVE_CUDA", *defines, "-c",
                               "native/src/cuda/attention_decode.cu", "-o", str(obj)],
-                             cwd=REPO, capture_output=True, text=True, timeout=600, env=without_sanitizers())
+                             cwd=REPO, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         nm = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
         symbols[name] = {s for s in ("g_timeline", "bitnet_timeline_reset", "bitnet_timeline_read") if s in nm}

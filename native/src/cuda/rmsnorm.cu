@@ -3,11 +3,12 @@
  * to the dtype, from gate_up [T, 2H], act relu2 or silu), y = v * w / sqrt(mean(v^2) + eps) (gated
  * without a weight: y = v, no norm), q = rint(y * 127 / max|y|). PARTIAL (bitnet_rmsnorm_partial):
  * y = v * w, not divided by the RMS, and the row's float32 sum of v^2 written to sumsq.
- * Layout: [T, H] row-major. A row lives in registers: one warp per row (no residual, H <= 384
- * vectors of 16 B, >= 64 rows per SM; 4 rows per block) or else one block per row (<= 4096
- * vectors); each thread holds V vectors strided by the row's thread count. Other rows (huge H,
- * unaligned rows, any call with eps = 0) take a loop over global memory, twice. Launched with
- * programmatic dependent launch; the register kernels prefetch rows into L2 (NormArgs).
+ * Layout: [T, H] row-major. A row lives in registers: one warp per row (the plain norm only: no
+ * residual, gate or partial sums; H <= 384 vectors of 16 B, >= 64 rows per SM; 4 rows per block)
+ * or else one block per row (<= 4096 vectors); each thread holds V vectors strided by the row's
+ * thread count. Other rows (huge H, unaligned rows, any call with eps = 0) take a loop over global
+ * memory, twice. Launched with programmatic dependent launch; the register kernels prefetch rows
+ * into L2 (NormArgs).
  * Bytes: x read + y written (+ residual read and written, + T*H int8 and 4T scale bytes) + weight;
  * gated, gate_up (twice x) is read instead of x.
  * H100, bf16, H = 2560, L2 cold (BENCHMARKS.md, 2026-11-26): 2974 GB/s at T = 32768 (96% of the
@@ -459,10 +460,15 @@ bitnet_status launch(const NormArgs &a, const BnGpu &gpu, cudaStream_t stream) {
      * tiny rows there too was slower (docs/log/2026-11-26.md#2026-11-26-5). */
     const bool in_registers = vectorized && a.eps > 0.0f;
     const bool warp_sized = in_registers && vectors <= 32 * WARP_MAX_V; /* a warp could hold a row */
-    /* With the residual's second stream of loads, a block per row was faster at every T. */
-    const bool warp_per_row = !RESIDUAL && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * gpu.sms;
+    /* With the residual's second stream of loads, a block per row was faster at every T. The
+     * gated and partial norms take a block per row too: their warp kernels were half of this
+     * file's machine code and build time, for rows that few of their calls have (gate rows of a
+     * model are wider than 384 vectors; partial rows are a tensor-parallel slice). */
+    constexpr bool warp_kernels = !RESIDUAL && GATE == NO_GATE && !PARTIAL;
+    const bool warp_per_row = warp_kernels && warp_sized && a.rows >= (int64_t)WARP_MIN_ROWS_PER_SM * gpu.sms;
     if (warp_per_row) {
-        kernel = registers_kernel<T, N, true, false, GATE, QUANT, NORM, PARTIAL>(smallest_v((vectors + 31) / 32));
+        if constexpr (warp_kernels)
+            kernel = registers_kernel<T, N, true, false, NO_GATE, QUANT, NORM, false>(smallest_v((vectors + 31) / 32));
         threads = 32 * WARP_ROWS_PER_BLOCK;
         grid = (a.rows + WARP_ROWS_PER_BLOCK - 1) / WARP_ROWS_PER_BLOCK;
     } else if (in_registers && vectors <= (int64_t)BLOCK_MAX_THREADS * BLOCK_MAX_V) {
