@@ -51,8 +51,8 @@ GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(a),code=sm_$(a)) 
 NVCCFLAGS ?= -O3
 # --threads 0: each nvcc compiles its architectures in parallel, one thread per CPU (a file's
 # architectures are most of the build; on 2 cores it took the build from 9.9 to 5.3 minutes when it
-# was measured; the build has grown since: 9.2 minutes on 2 cores on 2026-11-28, 18 on 2026-12-01,
-# when rmsnorm.cu alone took 4.4 minutes of one core per architecture: its template instances).
+# was measured). The default build took 7.1 minutes on 2 cores on 2026-12-01, rmsnorm.cu's template
+# instances the largest share: keep their number down (docs/log/2026-12-01.md#2026-12-01-4).
 NVCCFLAGS += -std=c++17 $(GENCODE) -Xcompiler -fPIC,-Wall,-Wextra \
              --expt-relaxed-constexpr -Wno-deprecated-gpu-targets --threads 0
 LDLIBS    += -L$(CUDA_ROOT)/lib64 -L$(CUDA_ROOT)/targets/x86_64-linux/lib \

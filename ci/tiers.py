@@ -8,7 +8,7 @@ memory soak, anywhere). auto runs
 tier 1 and soak, and tiers 2 and 3 (and multi_gpu) on a machine with a real CUDA GPU; tier 4 runs
 only when asked for. GPUs are probed through libbitnet itself, so BITNET_GPU_FAKE never counts.
 A GPU tier asked for by number on a machine without a real CUDA GPU fails at once, saying why:
-nothing would be tested."""
+nothing would be tested. A run without GPU tests spreads over every core (pytest-xdist)."""
 import argparse
 import importlib.util
 import subprocess

@@ -47,6 +47,9 @@ def plain_run_only(why):
                               reason=f"run by the plain tier 1 run; {why}")
 
 
+builds_the_library = plain_run_only("under the ASan preload every compiler the build starts would load ASan too")
+
+
 def pytest_collection_modifyitems(config, items):
     wrong = [f"{item.nodeid}: {[m for m in TIER_MARKERS if item.get_closest_marker(m)]}"
              for item in items if sum(bool(item.get_closest_marker(m)) for m in TIER_MARKERS) != 1]

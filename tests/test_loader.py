@@ -11,6 +11,7 @@ import pytest
 
 import bitnet_ffi
 from bitnet_ffi import _ffi, errors
+from conftest import builds_the_library
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.cpu
@@ -40,6 +41,7 @@ def test_header_and_library_export_the_same_functions():
     assert exported_functions(loaded) == declared_functions()
 
 
+@builds_the_library
 def test_cpu_only_build_exports_the_same_abi(tmp_path):
     build = subprocess.run(["make", "-s", f"BUILD_DIR={tmp_path}", "BITNET_CPU_ONLY=1"],
                            cwd=REPO, capture_output=True, text=True)

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 import bitnet_ffi as bn
-from conftest import plain_run_only
+from conftest import builds_the_library
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.cpu,
-              plain_run_only("under the ASan preload every compiler the build starts would load ASan too")]
+pytestmark = [pytest.mark.cpu, builds_the_library]
 
 
 def clean_environment(**extra):
