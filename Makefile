@@ -1,5 +1,5 @@
 # Builds build/libbitnet.so: the CUDA backend with nvcc when it is found, else a CPU-only library.
-#   make                      all default GPU architectures (sm_75 ... sm_90 + PTX)
+#   make                      the default GPU architectures (sm_75, sm_80, sm_90 + PTX)
 #   make CUDA_ARCHS=90        only sm_90 (faster builds for one machine)
 #   make BITNET_CPU_ONLY=1    the CPU-only library even where nvcc exists
 #   make install PREFIX=/usr/local   the library (with its SONAME links) and bitnet.h, for C users
@@ -17,7 +17,10 @@ LIB         := $(BUILD_DIR)/libbitnet.so
 VERSION_OF   = $(shell sed -n 's/^\#define BITNET_VERSION_$(1) \([0-9]*\)$$/\1/p' native/include/bitnet.h)
 VERSION     := $(call VERSION_OF,MAJOR).$(call VERSION_OF,MINOR).$(call VERSION_OF,PATCH)
 SONAME      := libbitnet.so.$(call VERSION_OF,MAJOR).$(call VERSION_OF,MINOR)
-CUDA_ARCHS  ?= 75 80 86 89 90
+# sm_86 and sm_89 GPUs run sm_80's machine code (a cubin runs on later minor versions of its major
+# one; no kernel has code of its own for them); CUDA_ARCHS="75 80 86 89 90" adds theirs. Newer GPUs
+# JIT-compile the last architecture's PTX.
+CUDA_ARCHS  ?= 75 80 90
 CC          ?= cc
 PYTHON      ?= python3
 
@@ -43,8 +46,8 @@ BACKEND   := cuda
 # nvcc may be a wrapper script: ask it where its toolkit is.
 CUDA_ROOT := $(abspath $(shell $(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p'))
 CPPFLAGS  += -DBITNET_HAVE_CUDA -I$(CUDA_ROOT)/include
-# sm_86 and sm_89 machine code is compiled from sm_80's PTX: no kernel has code of its own for them,
-# so one front-end pass (cicc) serves the three, and ptxas still schedules each one's code.
+# sm_86 and sm_89 machine code is compiled from sm_80's PTX: one front-end pass (cicc) serves the
+# three, and ptxas still schedules each one's code.
 virtual_arch = $(if $(filter 86 89,$(1)),80,$(1))
 PTX_ARCH  := $(call virtual_arch,$(lastword $(CUDA_ARCHS)))
 GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(call virtual_arch,$(a)),code=sm_$(a)) \
@@ -52,8 +55,9 @@ GENCODE   := $(foreach a,$(CUDA_ARCHS),-gencode=arch=compute_$(call virtual_arch
 NVCCFLAGS ?= -O3
 # --threads 0: each nvcc compiles its architectures in parallel, one thread per CPU (a file's
 # architectures are most of the build; on 2 cores it took the build from 9.9 to 5.3 minutes when it
-# was measured). The default build took 8.9 minutes on 2 cores on 2026-12-01, rmsnorm.cu's template
-# instances the largest share: keep their number down (docs/log/2026-12-01.md#2026-12-01-4).
+# was measured). The default build took 7.1 minutes on 2 cores on 2026-12-01 (8.9 with sm_86 and
+# sm_89), rmsnorm.cu's template instances the largest share: keep their number down
+# (docs/log/2026-12-01.md#2026-12-01-4).
 NVCCFLAGS += -std=c++17 $(GENCODE) -Xcompiler -fPIC,-Wall,-Wextra \
              --expt-relaxed-constexpr -Wno-deprecated-gpu-targets --threads 0
 LDLIBS    += -L$(CUDA_ROOT)/lib64 -L$(CUDA_ROOT)/targets/x86_64-linux/lib \
