@@ -20,7 +20,7 @@ TIERS = {"1": ("cpu", "runs anywhere"), "2": ("gpu_smoke", "quick GPU checks"),
          "3": ("gpu", "GPU integration and parity"), "4": ("perf", "performance targets on an H100"),
          "soak": ("soak", "CPU memory soak, runs anywhere")}
 NEEDS_GPU = ("2", "3", "4")
-CPU_MARKERS = {"cpu", "soak"}
+CPU_MARKERS = {marker for tier, (marker, _) in TIERS.items() if tier not in NEEDS_GPU}
 
 
 def probe():
