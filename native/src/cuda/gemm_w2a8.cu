@@ -59,6 +59,11 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
 #ifndef GEMM_WGMMA_ROWS
 #define GEMM_WGMMA_ROWS 0
 #endif
+/* GEMM_WGMMA_TOKENS = 128 or 160 forces the tokens of a block (160: 128 rows, no split; for
+ * tools/dev/gemm_variants.sh). */
+#ifndef GEMM_WGMMA_TOKENS
+#define GEMM_WGMMA_TOKENS 0
+#endif
 /* 0 turns off the split of the last partial wave's tiles (for tools/dev/gemm_variants.sh). */
 #ifndef GEMM_WGMMA_REMAINDER
 #define GEMM_WGMMA_REMAINDER 1
@@ -417,6 +422,11 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
     if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && blocks_128 * 8 <= INT32_MAX) {
         const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
+        /* 160-token tiles where the 128-token ones are more than the SMs and these are not: one wave
+         * of one block per SM, each a quarter larger, in place of a part second wave. */
+        const bool wide = bn_ceil_div(N, 160) * static_cast<int64_t>(bn_ceil_div(M, 128)) <= sms && blocks_128 > sms;
+        const int tokens = GEMM_WGMMA_TOKENS ? GEMM_WGMMA_TOKENS : !large_x && wide ? 160 : 128;
+        if (tokens == 160) return gemm_w2a8_sm90(device, a, 128, 160, true, 1, 0, 1, s);
         const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
         /* Too few blocks: K split over clusters, up to one block per SM with >= 4 tiles of K each,
          * or up to three with >= 16 (uneven waves of long blocks: 2560 x 6912 at 960 tokens 56.6 ->
@@ -436,7 +446,7 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
         int pieces = 1;
         if (GEMM_WGMMA_REMAINDER && rows == 128 && split == 1 && blocks_128 > sms && rest > 0)
             pieces = static_cast<int>(std::min<int64_t>({8, sms / rest, K / kTileK / 16}));
-        return gemm_w2a8_sm90(device, a, rows, rows == 128 && blocks_128 * split <= sms, split, full_tiles,
+        return gemm_w2a8_sm90(device, a, rows, 128, rows == 128 && blocks_128 * split <= sms, split, full_tiles,
                               pieces, s);
     }
     /* Tokens per block: the fewest of 32, 64, 128 that hold N; rows per block 128, or 256 where

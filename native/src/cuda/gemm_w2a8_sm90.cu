@@ -30,19 +30,21 @@ using namespace bn_gemm;
 
 namespace {
 
-constexpr int kTokens = 128, kThreads = 256;
+constexpr int kThreads = 256;
 
 /* Blocks are taken in groups of this many token tiles: the blocks that run at once share the x of
  * the group and the weights of one range of rows (for large N, x is not read again for every row tile). */
 constexpr int kGroupTokenTiles = 8;
 
-/* ROWS = 64 MT x 2 weight rows per block, STAGES k tiles in shared memory (STAGES - 2 of them copied
- * ahead of the one being expanded). 256 rows: one block per SM (the accumulators take 128 registers a
- * thread); 128 rows: two blocks per SM (5 stages), so one block's epilogue overlaps another's loop. */
-template <int MT, int STAGES>
+/* ROWS = 64 MT x 2 weight rows per block, TOKENS tokens (128 or 160), STAGES k tiles in shared memory
+ * (STAGES - 2 of them copied ahead of the one being expanded). 256 rows or 160 tokens: one block per SM
+ * (the accumulators take 128 or 80 registers a thread); 128 x 128: two blocks per SM (5 stages), so one
+ * block's epilogue overlaps another's loop. */
+template <int MT, int STAGES, int TOKENS = 128>
 struct Shape {
-    static constexpr int kRows = 128 * MT;
+    static constexpr int kRows = 128 * MT, kTokens = TOKENS;
     static constexpr int kStages = STAGES;
+    static constexpr int kBlocksPerSM = MT == 1 && TOKENS == 128 ? 2 : 1;
     static constexpr int kXBytes = kTokens * kTileK, kWBytes = kRows * kTileKBytesW;
     static constexpr int kStageBytes = kXBytes + kWBytes; /* a multiple of 1024: x tiles stay 1024-aligned */
     /* The epilogue's tile, [token][row] words; rows padded by 4 words so that the 32 lanes of a store
@@ -50,11 +52,12 @@ struct Shape {
     static constexpr int kOutStride = kRows + 4;
     static constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageBytes + 1024; /* + alignment */
     static_assert(kStageBytes % 1024 == 0, "the 128-byte swizzle repeats every 1024 bytes");
+    static_assert(TOKENS == 128 || TOKENS == 160, "the wgmma shapes of wgmma_s8");
     static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kStages * kStageBytes, "the epilogue's tile");
 };
 
-/* d (64 rows x 128 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x 128 signed bytes,
- * shared memory, descriptor b). */
+/* d (64 rows x 128 or 160 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x 128 or 160 signed
+ * bytes, shared memory, descriptor b). */
 __device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     BN_SM90A_ASM("{\n"
                  ".reg .pred p;\n"
@@ -63,6 +66,16 @@ __device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], u
                  "{%64, %65, %66, %67}, %68, p;\n"
                  "}\n"
                  : BN_WGMMA_D64("+r", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_s8(int (&d)[80], const uint32_t (&a)[4], uint64_t b) {
+    BN_SM90A_ASM("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %85, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n160k32.s32.s8.s8 " BN_WGMMA_D80_REGS ", "
+                 "{%80, %81, %82, %83}, %84, p;\n"
+                 "}\n"
+                 : BN_WGMMA_D80("+r", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
@@ -174,13 +187,14 @@ __device__ bool gather_pieces(const Remainder &rem, int (&acc)[MT][64]) {
  * adds up one SPLIT-th of the tile over the cluster's blocks; PIECES: the Remainder's tiles in
  * pieces), in groups of kGroupTokenTiles token tiles: tile b of a group is token tile
  * b % (tiles in the group) and row tile b / (tiles in the group). */
-template <int MT, int STAGES, int SPLIT, bool PIECES>
-__global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector,
+template <int MT, int STAGES, int SPLIT, bool PIECES, int TOKENS>
+__global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector,
                                                                      const Remainder rem,
                                                                      const __grid_constant__ CUtensorMap x_map,
                                                                      const __grid_constant__ CUtensorMap w_map) {
-    using S = Shape<MT, STAGES>;
-    constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes;
+    using S = Shape<MT, STAGES, TOKENS>;
+    constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes, kTokens = TOKENS;
+    static_assert(TOKENS == 128 || (SPLIT == 1 && !PIECES), "160-token tiles are whole tiles");
     extern __shared__ int4 shared[];
     const uint32_t smem_base = (shared_address(shared) + 1023) & ~1023u;
     uint8_t *smem = reinterpret_cast<uint8_t *>(shared) + (smem_base - shared_address(shared));
@@ -199,7 +213,11 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     const int group = tile / (kGroupTokenTiles * row_tiles);
     const int in_group = tile - group * kGroupTokenTiles * row_tiles;
     const int group_tiles = min(kGroupTokenTiles, token_tiles - group * kGroupTokenTiles);
-    const int token0 = (group * kGroupTokenTiles + in_group % group_tiles) * kTokens;
+    /* The tile's tokens from `first`; its x box from token0, which for a last tile short of kTokens
+     * is N - kTokens (where N >= kTokens), so that the box ends at token N: boxes past the tensor's
+     * end took 3-5 us more (H200). The box's tokens before `first` are the previous tile's. */
+    const int first = (group * kGroupTokenTiles + in_group % group_tiles) * kTokens;
+    const int token0 = min(first, max(a.N - kTokens, 0));
     const int row0 = in_group / group_tiles * S::kRows;
     const int kt0 = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * split / parts);
     const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / parts) - kt0;
@@ -215,7 +233,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     __syncthreads();
 
     /* Thread 0 requests a stage: the weights (kRows x 32 bytes, the 32-byte swizzle: w_tile_offset),
-     * with the whole stage's bytes expected, then x (128 tokens x 128 bytes, the 128-byte swizzle);
+     * with the whole stage's bytes expected, then x (TOKENS x 128 bytes, the 128-byte swizzle);
      * rows past M and N arrive as zeros. */
     auto request_weights = [&](int s, int kt) {
         const uint32_t bar = landed0 + 8 * s;
@@ -260,7 +278,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
         }
     };
 
-    int acc[MT][64] = {};
+    int acc[MT][TOKENS / 2] = {};
     uint32_t af[2][MT][4][4]; /* [kt % 2]: tile kt + 1's fragments are made while the tensor cores run
                                  tile kt's (compile-time index: the loop goes by two tiles) */
     /* Stage s holds tiles s + kStages j; the stage of tile -1 (kStages - 1) starts empty. */
@@ -302,14 +320,15 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     }
     wgmma_wait<0>();
     bn_pdl_launch_dependents();
-    if (PIECES && static_cast<int>(blockIdx.x) >= rem.full_tiles && !gather_pieces<MT>(rem, acc)) return;
+    if constexpr (PIECES)
+        if (static_cast<int>(blockIdx.x) >= rem.full_tiles && !gather_pieces<MT>(rem, acc)) return;
 
     /* acc[mt][4 j + 2 half + e]: row a_row + 64 mt + 8 half, token 8 j + 2 t + e. The scales are
      * loaded before any store (y might alias them as far as the compiler knows). */
     const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
-    float x_scale[16][2], w_scale[MT][2];
+    float x_scale[TOKENS / 8][2], w_scale[MT][2];
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < TOKENS / 8; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int n = token0 + 8 * j + 2 * t + e;
@@ -332,7 +351,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
 #pragma unroll
         for (int half = 0; half < 2; half++)
 #pragma unroll
-            for (int j = 0; j < 16; j++)
+            for (int j = 0; j < TOKENS / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int dot = acc[mt][4 * j + 2 * half + e];
@@ -351,7 +370,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
         for (int c = split * kThreads + tid; c < kTokens * kChunks; c += SPLIT * kThreads) {
             const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
             const int n = token0 + n_local, m = row0 + m_local;
-            if (n >= a.N || m >= a.M) continue;
+            if (n < first || n >= a.N || m >= a.M) continue;
             int dot[8] = {};
 #pragma unroll
             for (int rank = 0; rank < SPLIT; rank++) {
@@ -382,7 +401,7 @@ __global__ __launch_bounds__(kThreads, 3 - MT) void gemm_w2a8_wgmma(const GemmAr
     for (int c = tid; c < kTokens * kChunks; c += kThreads) {
         const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
         const int n = token0 + n_local, m = row0 + m_local;
-        if (n >= a.N || m >= a.M) continue;
+        if (n < first || n >= a.N || m >= a.M) continue;
         const uint4 *src = reinterpret_cast<const uint4 *>(out + n_local * S::kOutStride + m_local);
         store8(a, n, m, src[0], src[1], vector && m + 8 <= a.M);
     }
@@ -411,20 +430,20 @@ bitnet_status tensor_map(CUtensorMap *map, const void *base, int64_t rows, int64
     return BITNET_OK;
 }
 
-template <int MT, int STAGES, int SPLIT, bool PIECES = false>
+template <int MT, int STAGES, int SPLIT, bool PIECES = false, int TOKENS = 128>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
                      Remainder rem = {INT32_MAX, 1, nullptr, nullptr}) {
     static_assert(!PIECES || SPLIT == 1, "a remainder tile's pieces are not in clusters");
-    using S = Shape<MT, STAGES>;
-    auto kernel = gemm_w2a8_wgmma<MT, STAGES, SPLIT, PIECES>;
+    using S = Shape<MT, STAGES, TOKENS>;
+    auto kernel = gemm_w2a8_wgmma<MT, STAGES, SPLIT, PIECES, TOKENS>;
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
     const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
     /* <= INT32_MAX: the caller's */
-    const int64_t tiles = bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, S::kRows);
+    const int64_t tiles = bn_ceil_div(a.N, TOKENS) * bn_ceil_div(a.M, S::kRows);
     const dim3 grid(rem.full_tiles < tiles ? rem.full_tiles + (tiles - rem.full_tiles) * rem.pieces
                                            : tiles * SPLIT);
     CUtensorMap x_map, w_map;
-    BN_TRY(tensor_map(&x_map, a.x, a.N, a.K, kTokens, kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
+    BN_TRY(tensor_map(&x_map, a.x, a.N, a.K, TOKENS, kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
     BN_TRY(tensor_map(&w_map, a.w, a.M, a.K / 4, S::kRows, kTileKBytesW, CU_TENSOR_MAP_SWIZZLE_32B));
     BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector,
                                       rem, x_map, w_map));
@@ -434,7 +453,7 @@ bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
 /* 128-row blocks, 5 stages, the tiles from full_tiles on in `pieces` pieces each (Remainder). */
 bitnet_status launch_remainder(int32_t device, const GemmArgs &a, int64_t full_tiles, int pieces,
                                cudaStream_t stream) {
-    const int64_t split_tiles = bn_ceil_div(a.N, kTokens) * bn_ceil_div(a.M, 128) - full_tiles;
+    const int64_t split_tiles = bn_ceil_div(a.N, 128) * bn_ceil_div(a.M, 128) - full_tiles;
     const int64_t partial_bytes = split_tiles * pieces * kThreads * 64 * sizeof(int);
     void *scratch = nullptr;
     BN_TRY(bn_cuda_scratch_alloc(device, partial_bytes + split_tiles * sizeof(int), stream, &scratch));
@@ -462,8 +481,9 @@ bitnet_status launch_split(int32_t device, const GemmArgs &a, int split, cudaStr
 
 }  // namespace
 
-bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, bool one_per_sm, int split,
-                                      int64_t full_tiles, int pieces, cudaStream_t stream) {
+bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, int tokens, bool one_per_sm,
+                                      int split, int64_t full_tiles, int pieces, cudaStream_t stream) {
+    if (tokens == 160) return launch<1, 8, 1, false, 160>(device, a, stream);
     if (rows == 256) return launch<2, 8, 1>(device, a, stream);
     if (pieces > 1) return launch_remainder(device, a, full_tiles, pieces, stream);
     return one_per_sm ? launch_split<10>(device, a, split, stream) : launch_split<5>(device, a, split, stream);
