@@ -188,10 +188,9 @@ __device__ bool gather_pieces(const Remainder &rem, int (&acc)[MT][64]) {
  * pieces), in groups of kGroupTokenTiles token tiles: tile b of a group is token tile
  * b % (tiles in the group) and row tile b / (tiles in the group). */
 template <int MT, int STAGES, int SPLIT, bool PIECES, int TOKENS>
-__global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)) void gemm_w2a8_wgmma(const GemmArgs a, const bool vector,
-                                                                     const Remainder rem,
-                                                                     const __grid_constant__ CUtensorMap x_map,
-                                                                     const __grid_constant__ CUtensorMap w_map) {
+__global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)) void gemm_w2a8_wgmma(
+    const GemmArgs a, const bool vector, const Remainder rem, const __grid_constant__ CUtensorMap x_map,
+    const __grid_constant__ CUtensorMap w_map) {
     using S = Shape<MT, STAGES, TOKENS>;
     constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes, kTokens = TOKENS;
     static_assert(TOKENS == 128 || (SPLIT == 1 && !PIECES), "160-token tiles are whole tiles");
