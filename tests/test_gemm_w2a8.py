@@ -136,3 +136,26 @@ def test_gemm_gpu_splits_the_last_tiles_into_pieces(rng):
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want), (M, K, "graph")
+
+
+@pytest.mark.gpu
+def test_gemm_gpu_wide_tiles_and_a_last_token_tile_box_inside_x(rng):
+    """On compute capability 9.0 (gemm_w2a8.cu): odd M of sms // 6 row tiles at 900 tokens takes the
+    160-token tiles (one wave of them, where the 128-token ones are more than the SMs), and at 200
+    tokens over K = 6912 the 128-token tiles with K split over clusters; in both the last token tile
+    is short, so its x box starts before it (at N - 160 or N - 128) and it stores only its own
+    tokens. int32 against the float64 product, and float32 against the GEMV's rule."""
+    torch = pytest.importorskip("torch")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for M, K, N in ((128 * (sms // 6) - 37, 2560, 900), (2560 - 37, 6912, 200)):
+        codes = torch.randint(0, 3, (4, M, K // 4), dtype=torch.uint8, device="cuda")
+        packed = codes[0] | codes[1] << 2 | codes[2] << 4 | codes[3] << 6
+        tw = bn.TernaryWeights(packed, torch.from_numpy(rng.uniform(0.5, 2.0, M).astype(np.float32)).cuda())
+        x = torch.from_numpy(rng.integers(-128, 128, (N, K), dtype=np.int8)).cuda()
+        x_scales = torch.from_numpy(rng.uniform(1.0, 300.0, N).astype(np.float32)).cuda()
+        exact = x.double() @ tw.unpack().double().T
+        for out_dtype, want in (("int32", exact.to(torch.int32)),
+                                ("float32", (exact.float() * tw.scales[None, :]) / x_scales[:, None])):
+            out = torch.full((N, M), 0x7F, dtype=getattr(torch, out_dtype), device="cuda")
+            bn.gemv_w2a8(tw, x, x_scales, out_dtype=out_dtype, out=out)
+            assert torch.equal(out, want), (M, K, N, out_dtype)
