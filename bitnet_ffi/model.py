@@ -146,8 +146,11 @@ class Session:
         cache = (batch, capacity, c.kv_heads, c.head_dim)
         self.k_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
         self.v_cache = [self.alloc(cache, BF16) for _ in range(c.layers)]
-        self.positions = self.alloc((batch,), "int32")
-        self.seq_lens = self.alloc((batch,), "int32")
+        # positions[b]: where sequence b's next token goes; seq_lens[b]: the keys its next step sees.
+        # One allocation, so that one copy sets both (set_counters).
+        self.counters = self.alloc((2, batch), "int32")
+        self.positions = self.counters[0:1].reshape(batch)
+        self.seq_lens = self.counters[1:2].reshape(batch)
         if fused and not (batch == 1 and fused_layer_supported(weights, device)):
             raise InvalidArgumentError("Session: fused decode layers need batch 1 and weights "
                                        "that decode_layer supports (fused_layer_supported)")
@@ -157,6 +160,7 @@ class Session:
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
+        self.extend_last_rows = None  # what their last_rows holds
         self.graph = None
         self.sampling = None
         self.logits = None
@@ -180,6 +184,20 @@ class Session:
 
     def download(self, array):
         return array if self.device == _arrays.CPU else array.numpy()
+
+    def copy(self, source, target):
+        """Copies one buffer into another of the same size, on the session's stream."""
+        if self.device == _arrays.CPU:
+            target[...] = source
+            return
+        _ffi.call("memcpy", _ffi.ffi.cast("void *", target.ptr),
+                  _ffi.ffi.cast("void *", source.ptr), source.nbytes,
+                  _ffi.lib().BITNET_COPY_DEVICE_TO_DEVICE,
+                  _ffi.ffi.cast("void *", _arrays.stream_handle(self.stream)))
+
+    def set_counters(self, positions, seq_lens):
+        """positions and seq_lens (host integers, one per sequence) in one copy."""
+        self.upload(np.stack([positions, seq_lens]), self.counters)
 
     def synchronize(self):
         if self.stream is not None:
@@ -209,9 +227,8 @@ class Session:
         if steps == 1 and self.fused:
             b["layer_workspace"] = self.alloc(
                 (decode_layer_workspace_size(c, self.device, BF16),), "uint8")
-        if steps > 1:  # rows of each sequence's last token, to gather for the output head
+        if steps > 1:  # rows of each sequence's last token, to gather for the output head (extend)
             b["last_rows"] = self.alloc((self.batch,), "int32")
-            self.upload(np.arange(1, self.batch + 1, dtype=np.int32) * steps - 1, b["last_rows"])
         return b
 
     def op(self, kind, fn, *args, **kwargs):
@@ -347,8 +364,7 @@ class Session:
     def prefill(self, prompt, lengths=None, progress=None):
         """Starts every sequence afresh with a [batch, P] prompt (row b's first lengths[b] ids,
         all P by default); returns the next token of each sequence. progress: as forward's."""
-        self.upload(np.zeros(self.batch, dtype=np.int32), self.positions)
-        return self.extend(prompt, lengths, progress)
+        return self._extend(prompt, lengths, progress, np.zeros(self.batch, dtype=np.int32))
 
     def extend(self, ids, lengths=None, progress=None):
         """Appends a [batch, T] block of ids (row b's first lengths[b]) to every sequence at its
@@ -357,10 +373,16 @@ class Session:
         activation buffers of T tokens stay for the next block of the same T (session.logits is
         one of them); on a GPU, that next block captures the pass as a CUDA graph, which every
         later block of T tokens replays. progress: as forward's."""
+        return self._extend(ids, lengths, progress, self.download(self.positions).copy())
+
+    def _extend(self, ids, lengths, progress, start):
+        """extend from the sequences' positions `start` (host integers). Each host copy waits
+        for the device, so there are as few as a block needs: a block of the last block's T with
+        every length T takes three (the counters, the ids, the new tokens), and extend one more
+        to read the positions."""
         ids = np.asarray(ids, dtype=np.int32)
         steps = ids.shape[1]
         lengths = np.full(self.batch, steps) if lengths is None else np.asarray(lengths)
-        start = self.download(self.positions).copy()
         if ids.shape[0] != self.batch or lengths.shape != (self.batch,) or \
                 (lengths < 1).any() or (lengths > steps).any():
             raise InvalidArgumentError(f"extend: expected ids [{self.batch}, T] and {self.batch} "
@@ -372,11 +394,14 @@ class Session:
         if not repeated:
             self.extend_buffers = self.extend_graph = None  # the old ones go before the new come
             self.extend_buffers = (steps, self.buffers(steps))
+            self.extend_last_rows = None
         b = self.extend_buffers[1]
         self.upload(ids.reshape(-1), b["ids"])
-        if steps > 1:
-            self.upload(np.arange(self.batch) * steps + lengths - 1, b["last_rows"])
-        self.upload(start + steps, self.seq_lens)
+        last_rows = np.arange(self.batch) * steps + lengths - 1
+        if steps > 1 and not np.array_equal(last_rows, self.extend_last_rows):
+            self.upload(last_rows, b["last_rows"])
+            self.extend_last_rows = last_rows
+        self.set_counters(start, start + steps)
         if self.stream is not None and repeated:
             if self.extend_graph is None:
                 with Graph.capture(self.stream) as graph:
@@ -387,18 +412,16 @@ class Session:
                 progress(len(self.w.layers), len(self.w.layers))
         else:
             self.forward(b, steps, progress)
+        self.copy(b["next"], self.decode_buffers["ids"])
+        if (lengths != steps).any():  # forward's bookkeeping counted all `steps` tokens
+            self.set_counters(start + lengths, start + lengths + 1)
         self.synchronize()
-        self.upload(start + lengths, self.positions)
-        self.upload(start + lengths + 1, self.seq_lens)
         self.logits = b["logits"]
-        first = self.download(b["next"]).copy()
-        self.upload(first, self.decode_buffers["ids"])
-        return first
+        return self.download(b["next"]).copy()
 
     def rewind(self, length):
         """Forgets every sequence's tokens from `length` on (their cache rows get overwritten)."""
-        self.upload(np.full(self.batch, length, dtype=np.int32), self.positions)
-        self.upload(np.full(self.batch, length + 1, dtype=np.int32), self.seq_lens)
+        self.set_counters(np.full(self.batch, length), np.full(self.batch, length + 1))
 
     def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
         """Greedy (argmax) at temperature 0, else the device's sample op inside the step."""
@@ -428,8 +451,7 @@ class Session:
                                        f"{self.capacity}")
 
         def reset():
-            self.upload(positions, self.positions)
-            self.upload(seq_lens, self.seq_lens)
+            self.set_counters(positions, seq_lens)
             self.upload(ids, self.decode_buffers["ids"])
 
         if self.graph is None:

@@ -189,6 +189,32 @@ def test_repeated_prompt_length_replays_a_graph_with_the_eager_results(rng):
     assert session.extend_graph is None and session.extend_buffers[0] == 5
 
 
+@pytest.mark.parametrize("device", [pytest.param(_arrays.CPU, marks=pytest.mark.cpu),
+                                    pytest.param(0, marks=pytest.mark.gpu)])
+def test_blocks_of_one_length_padded_differently_give_the_eager_results(device, rng):
+    """Prefills and extends of one T (graph replays on the GPU), right-padded differently each
+    time: every block gives the tokens, logits and positions of a session that runs each block
+    eagerly in new buffers, bit for bit, and so do the decode steps after them."""
+    seed = int(rng.integers(1 << 30))
+    print("seed", seed)
+    weights = random_weights(TINY, device, seed)
+    ids = np.random.default_rng(seed + 1).integers(0, TINY.vocab, (6, 2, 6))
+    blocks = [("prefill", None, [6, 6]), ("prefill", [6, 6], [6, 6]), ("prefill", [3, 6], [3, 6]),
+              ("extend", [5, 2], [8, 8]), ("extend", [5, 2], [13, 10]), ("extend", None, [19, 16])]
+    session, eager = Session(weights, 2, 24, device), Session(weights, 2, 24, device)
+    for block, (how, lengths, positions) in zip(ids, blocks):
+        tokens = getattr(session, how)(block, lengths)
+        eager.extend_buffers = None  # new buffers: the block runs op by op
+        np.testing.assert_array_equal(tokens, getattr(eager, how)(block, lengths))
+        np.testing.assert_array_equal(session.download(session.logits),
+                                      eager.download(eager.logits))
+        assert session.download(session.positions).tolist() == positions
+        assert session.download(session.seq_lens).tolist() == [p + 1 for p in positions]
+    assert session.extend_graph is not None or device == _arrays.CPU
+    for _ in range(2):
+        np.testing.assert_array_equal(session.decode(), eager.decode())
+
+
 @pytest.mark.gpu
 def test_torch_anchor_prefill_equals_its_decode_steps(rng):
     """The demo's torch bf16 model prefills in one causal pass and decodes one token at a time
