@@ -14,7 +14,8 @@ kernel.
 --heads 12/4/256 sets the heads and head_dim (Falcon3-10B's, D = 256) for every GPU case.
 
 For A/B runs of kernel variants (tools/dev/ab_variants.sh): --no-torch times our calls alone (torch SDPA
-still checks the first call's output), --decode-cases picks the decode cases, e.g. 1x4096,8x4096.
+still checks the first call's output), --decode-cases picks the decode cases, e.g. 1x4096,8x4096,
+and --prefill-cases the prefill lengths, e.g. 960,4096.
 
 CPU (--cpu): the same heads, causal, bf16 and float32, on every CPU SIMD path this machine runs,
 side by side with a float32 numpy implementation (einsum, softmax); GB/s counts the K and V bytes
@@ -195,7 +196,7 @@ def run_gpu(args):
             continue
         results.append(bench_decode(B, L, args.calls, read_bw, not args.no_torch))
         torch.cuda.empty_cache()
-    for L in PREFILL_CASES if args.only != "decode" else []:
+    for L in (args.prefill_cases or PREFILL_CASES) if args.only != "decode" else []:
         if args.quick and L > 4096:
             continue
         results.append(bench_prefill(L, max(2, args.calls // max(1, L // 1024)), not args.no_torch))
@@ -213,6 +214,17 @@ def decode_cases(text):
         cases = []
     if not cases or any(len(case) != 2 or min(case) < 1 for case in cases):
         raise argparse.ArgumentTypeError(f"{text!r}: expected cases like 1x4096,8x4096")
+    return cases
+
+
+def prefill_cases(text):
+    """'960,4096' -> [960, 4096]."""
+    try:
+        cases = [int(n) for n in text.split(",")]
+    except ValueError:
+        cases = []
+    if not cases or min(cases) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected lengths like 960,4096")
     return cases
 
 
@@ -239,6 +251,8 @@ def main():
                         help="GPU: query heads, KV heads and head_dim (default 20/5/128)")
     parser.add_argument("--decode-cases", type=decode_cases, metavar="BxL,...",
                         help="GPU: these decode cases instead of the default ones")
+    parser.add_argument("--prefill-cases", type=prefill_cases, metavar="L,...",
+                        help="GPU: these prefill lengths instead of the default ones")
     args = parser.parse_args()
     result = run_cpu() if args.cpu else run_gpu(args)
     emit(result, args.json)
