@@ -9,16 +9,19 @@
  * Diagonal tiles are scanned for inf and NaN values at hidden keys (see attend_row).
  * FLOPs (causal): 2 L^2 D H.
  * H100, bf16, 20/5 heads, d = 128 (BENCHMARKS.md, 2026-11-26): 161 TFLOP/s at L = 1024 (64-row
- * tiles), 307 at 4096, 353 at 16384. On compute capability 9.0, D = 128 grids of at least 2 128-row
- * blocks per SM take the wgmma kernel instead (attention_prefill_sm90.cu). */
+ * tiles), 307 at 4096, 353 at 16384. On compute capability 9.0, D = 128 grids of 128-row blocks that
+ * number at least 90% of the SMs take the wgmma kernel instead (attention_prefill_sm90.cu). */
 #include <type_traits>
 
 #include "attention_common.cuh"
 
-/* On compute capability 9.0, D = 128 takes the wgmma kernel (attention_prefill_sm90.cu) from this many
- * of its 128-row blocks per SM on (built with -DBN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM=n to time others). */
-#ifndef BN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM
-#define BN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM 2
+/* On compute capability 9.0, D = 128 takes the wgmma kernel (attention_prefill_sm90.cu) where its
+ * 128-row blocks number at least this percentage of the SMs (built with
+ * -DBN_PREFILL_WGMMA_MIN_SM_PERCENT=n to time others). H200, 20/5 heads: from 120 blocks (768 tokens,
+ * 91% of the SMs) it was faster than the mma.sync kernel, 22.5 against 24.5 us, and at 960 tokens
+ * 26.5 against 31.4; at 80 blocks (512 tokens) slower, 17.3 against 16.7 (log 2026-12-02-3). */
+#ifndef BN_PREFILL_WGMMA_MIN_SM_PERCENT
+#define BN_PREFILL_WGMMA_MIN_SM_PERCENT 90
 #endif
 
 namespace {
@@ -241,7 +244,7 @@ bitnet_status launch_prefill(int32_t device, int64_t B, int64_t Sq, int64_t Hq, 
     BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     const int64_t wide_blocks = Hq * bn_ceil_div(Sq, kBlockM<2>) * B;
-    if (D == 128 && major == 9 && minor == 0 && wide_blocks >= BN_PREFILL_WGMMA_MIN_BLOCKS_PER_SM * sms)
+    if (D == 128 && major == 9 && minor == 0 && 100 * wide_blocks >= BN_PREFILL_WGMMA_MIN_SM_PERCENT * sms)
         return bn_cuda_attention_prefill_sm90(device, std::is_same_v<T, __nv_bfloat16> ? BITNET_DTYPE_BF16
                                                                                        : BITNET_DTYPE_F16,
                                               B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);
