@@ -204,13 +204,13 @@ def test_gpu_ragged_matches_cpu_and_reference(rng, Sq, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [True, False])
-def test_gpu_wide_prefill_ragged_matches_reference(rng, causal):
-    """A grid wide enough for the wgmma kernel on an H100 (2 x 6 x 32 blocks of 128 rows), with
-    sequences shorter than the cache, a prompt that is not a multiple of 128 rows and, without the
-    causal mask, keys past the rows."""
+@pytest.mark.parametrize("Hq,Hkv,lens", [(32, 8, [1500, 777]), (20, 5, [1100])])
+def test_gpu_wide_prefill_ragged_matches_reference(rng, causal, Hq, Hkv, lens):
+    """Grids wide enough for the wgmma kernel on an H100 (2 x 6 x 32 blocks of 128 rows, and 6 x 20,
+    about one per SM), with sequences shorter than the cache, a prompt that is not a multiple of
+    128 rows and, without the causal mask, keys past the rows."""
     import torch
-    B, Sq, Hq, Hkv, D, C = 2, 700, 32, 8, 128, 1500
-    lens = [1500, 777]
+    B, Sq, D, C = len(lens), 700, 128, 1500
     q, k, v = torch_inputs(rng, "bfloat16", B, Sq, Hq, Hkv, D, C)
     out = torch.full_like(q, float("nan"))
     bitnet_ffi.attention(q, k, v, causal=causal, seq_lens=lens, out=out)
