@@ -13,7 +13,9 @@ import bitnet_ffi as bn
 # odd M, M below one block of rows, K of one 128-weight tile.
 SHAPES = [(2560, 2560, None), (3840, 2560, [2560, 640, 640]), (13824, 2560, [6912, 6912]),
           (2560, 6912, None), (333, 384, None), (1001, 1280, [500, 501]), (7, 128, None)]
-TOKENS = [16, 17, 31, 64, 100, 960, 4096]
+# 31, 80 and 127: short of the wgmma kernel's 64-, 96- and 128-token tiles (sm_90), whose x boxes
+# then hold only N rows.
+TOKENS = [16, 17, 31, 64, 80, 100, 127, 960, 4096]
 CPU_TOKENS = 24  # tokens checked against the CPU backend when N is larger
 
 

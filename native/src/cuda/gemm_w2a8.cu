@@ -45,15 +45,23 @@ constexpr int kRowsPerBlock = 128;       /* weight rows per block (256 for the l
 constexpr int kStages = 4;                    /* 128 tokens x 256 rows */
 constexpr int kMidStages = GEMM_MID_STAGES;     /* 128 tokens x 128 rows */
 constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
-/* Compute capability 9.0: the wgmma kernel (gemm_w2a8_sm90.cu) from GEMM_WGMMA_MIN_TOKENS tokens on.
- * Its blocks: 128 tokens x 256 rows where x takes >= 64 MiB (half the passes over x) and they still
- * number 2 per SM, else 128 x 128 (two per SM), with K split over clusters where those are too few
- * for the SMs. Measured on an H100: docs/log/2026-11-26.md#2026-11-26-30 (the tiles),
- * docs/log/2026-11-27.md#2026-11-27-11 (from 65 tokens, the split: at 17-64 tokens this kernel is
- * slower on every shape, from 96 faster). GEMM_WGMMA_ROWS = 128 or 256 forces the rows (for
- * tools/dev/gemm_variants.sh). */
+/* Compute capability 9.0: the wgmma kernel (gemm_w2a8_sm90.cu) for every N from GEMM_WGMMA_MIN_TOKENS
+ * on (a large value leaves this mma.sync kernel to every N, for tools/dev/gemm_variants.sh). Its
+ * blocks: 64 tokens x 128 rows up to 64 tokens, 96 x 128 up to 96; matrices of fewer than 2^24
+ * weights keep 64-token blocks up to GEMM_WGMMA_SMALL_MATRIX_TOKENS (fewer ways of K split: 2560 x 2560
+ * at 128 tokens 9.0 -> 7.8 us, at 192 10.1 -> 8.5; to 512 slower; H200, docs/log/2026-12-02.md#2026-12-02-7).
+ * Past those, 128 tokens x 256 rows where x takes >= 64 MiB (half the passes over x) and they still
+ * number 2 per SM, else 128 x 128 (two per SM) or 160 x 128 (below). K is split over clusters
+ * where the blocks are too few for the SMs (wgmma_split). Measured: docs/log/2026-11-26.md#2026-11-26-30
+ * (the tiles, H100), 2026-12-02-7 (64- and 96-token tiles from 17 tokens on, faster than this kernel
+ * at every shape but 2560 x 2560 and 3840 x 2560 at 32 tokens, +1-2%: 13824 x 2560 at 64 tokens 14.5 ->
+ * 10.9 us, 55296 x 5120 80 -> 52). GEMM_WGMMA_ROWS = 128 or 256 forces the rows of 128-token
+ * blocks. */
 #ifndef GEMM_WGMMA_MIN_TOKENS
-#define GEMM_WGMMA_MIN_TOKENS 65
+#define GEMM_WGMMA_MIN_TOKENS 0
+#endif
+#ifndef GEMM_WGMMA_SMALL_MATRIX_TOKENS
+#define GEMM_WGMMA_SMALL_MATRIX_TOKENS 256
 #endif
 
 #ifndef GEMM_WGMMA_ROWS
@@ -395,6 +403,21 @@ bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStr
     }
 }
 
+/* The wgmma kernel's cluster size for `blocks` blocks of 128 rows: too few blocks, K split over
+ * clusters, up to one block per SM with >= 4 tiles of K each, or up to three with >= 16 (uneven waves
+ * of long blocks: 2560 x 6912 at 960 tokens 56.6 -> 47.5 us, where shorter blocks or more of them were
+ * slower: log 2026-11-27-13). */
+int wgmma_split(int64_t blocks, int64_t K, int sms) {
+    int split = 1;
+    while (split < 8) {
+        const int64_t split_blocks = blocks * split * 2;
+        const int64_t k_tiles = K / kTileK / (split * 2);
+        if (!(split_blocks <= sms ? k_tiles >= 4 : split_blocks <= 3 * sms && k_tiles >= 16)) break;
+        split *= 2;
+    }
+    return split;
+}
+
 }  // namespace
 
 bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales, int64_t M,
@@ -420,6 +443,13 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
+    const bool small_matrix = M * K < (1LL << 24);
+    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
+        const int tokens = N <= 64 || small_matrix ? 64 : 96;
+        const int64_t blocks = bn_ceil_div(N, tokens) * bn_ceil_div(M, 128);
+        const int split = wgmma_split(blocks, K, sms);
+        return gemm_w2a8_sm90(device, a, 128, tokens, blocks * split <= sms, split, 0, 1, s);
+    }
     if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && blocks_128 * 8 <= INT32_MAX) {
         const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
         /* 160-token tiles where the 128-token ones are more than the SMs and these are not: one wave
@@ -429,16 +459,7 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
         const int tokens = GEMM_WGMMA_TOKENS ? GEMM_WGMMA_TOKENS : !large_x && wide ? 160 : 128;
         if (tokens == 160) return gemm_w2a8_sm90(device, a, 128, 160, true, 1, 0, 1, s);
         const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
-        /* Too few blocks: K split over clusters, up to one block per SM with >= 4 tiles of K each,
-         * or up to three with >= 16 (uneven waves of long blocks: 2560 x 6912 at 960 tokens 56.6 ->
-         * 47.5 us, where shorter blocks or more of them were slower: log 2026-11-27-13). */
-        int split = 1;
-        while (rows == 128 && split < 8) {
-            const int64_t blocks = blocks_128 * split * 2;
-            const int k_tiles = K / kTileK / (split * 2);
-            if (!(blocks <= sms ? k_tiles >= 4 : blocks <= 3 * sms && k_tiles >= 16)) break;
-            split *= 2;
-        }
+        const int split = rows == 128 ? wgmma_split(blocks_128, K, sms) : 1;
         /* More tiles than SMs: the tiles past the last whole wave of one per SM are split along K
          * into pieces of >= 16 tiles of K, as many as fill the SMs beside the waves (5120 x 27648 at
          * 960 tokens: 264 tiles whole, 56 in 2 pieces each, 303 -> 264 us; pieces of 5 and 10 tiles

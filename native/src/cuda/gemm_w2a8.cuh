@@ -38,11 +38,12 @@ __device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
     return bn_w2a8_scaled(static_cast<float>(dot), w_scale, x_scale);
 }
 
-/* The wgmma kernel (gemm_w2a8_sm90.cu, compute capability 9.0 only): blocks of 128 tokens x `rows` (128
- * or 256) weight rows, or 160 tokens x 128 rows (`tokens`; one per SM, 8 stages, whole tiles), at most
- * INT32_MAX blocks; one_per_sm: 128 x 128 blocks with 10 stages, one per SM.
+/* The wgmma kernel (gemm_w2a8_sm90.cu, compute capability 9.0 only): blocks of `tokens` (64, 96 or 128)
+ * tokens x `rows` (128, or 256 with 128 tokens) weight rows, or 160 tokens x 128 rows (one per SM, 8
+ * stages, whole tiles), at most INT32_MAX blocks; one_per_sm: 128-row blocks of 64 to 128 tokens with
+ * 10 stages, one per SM.
  * 128-row blocks split K over clusters of `split` (1, 2, 4 or 8) blocks, each taking >= 1 tile of K.
- * With split 1, `pieces` > 1 splits the tiles after the first `full_tiles` (128-row blocks, 5 stages)
+ * With split 1 and 128 tokens, `pieces` > 1 splits the tiles after the first `full_tiles` (128-row blocks, 5 stages)
  * over that many blocks each along K, each taking >= 1 tile of K; the last piece of a tile to finish
  * adds up the others' dots from scratch memory and stores the tile. */
 bitnet_status gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, int tokens, bool one_per_sm, int split,

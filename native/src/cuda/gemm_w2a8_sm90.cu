@@ -1,11 +1,12 @@
 /* CUDA W2A8 GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a; built for that target
  * alone, see the Makefile): y[n, m] = dot(x_q[n], W_q[m]) * w_scales[m] / x_scales[n].
- * - A block owns 128 tokens x ROWS weight rows (128 or 256); two warpgroups of ROWS / 2 rows each. K
- *   goes by tiles of 128: thread 0 has the tensor memory accelerator (TMA) copy the packed weights
- *   (ROWS x 32 bytes, the 32-byte swizzle) and x (128 x 128 bytes, the 128-byte swizzle that wgmma
- *   reads) into shared-memory stages, each stage's arrival counted by an mbarrier; rows past M and
- *   tokens past N arrive as zeros.
- * - wgmma m64n128k32: A = the weights from registers, B = x from shared memory (descriptor). Lane (g,
+ * - A block owns TOKENS tokens (64, 96, 128 or 160) x ROWS weight rows (128 or 256); two warpgroups of
+ *   ROWS / 2 rows each. K goes by tiles of 128: thread 0 has the tensor memory accelerator (TMA) copy
+ *   the packed weights (ROWS x 32 bytes, the 32-byte swizzle) and x (min(TOKENS, N) x 128 bytes, the
+ *   128-byte swizzle that wgmma reads) into shared-memory stages, each stage's arrival counted by an
+ *   mbarrier; weight rows past M arrive as zeros. Where N < TOKENS the stage's rows from N on hold
+ *   whatever was there: their dots are never stored.
+ * - wgmma m64nTOKENSk32: A = the weights from registers, B = x from shared memory (descriptor). Lane (g,
  *   t) of warp w holds k = 4t..4t+3 (+16) of rows 16w + g (+8) of a 64-row tile: packed word 2s (2s + 1)
  *   of the row at shift t (docs/weight_format.md), turned into W_q = code - 1 as signed bytes by
  *   ((v & 0x03030303) + 0x7F7F7F7F) ^ 0x80808080 (no carry crosses a byte), so no sum(x) is needed.
@@ -16,6 +17,7 @@
  *   shared memory as [token][row] and stored from there by 8 consecutive rows per thread.
  * Launched by bn_cuda_gemm_w2a8 (gemm_w2a8.cu) on compute capability 9.0 for large problems.
  * Measured numbers: docs/gemm.md. */
+#include <algorithm>
 #include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -36,15 +38,15 @@ constexpr int kThreads = 256;
  * the group and the weights of one range of rows (for large N, x is not read again for every row tile). */
 constexpr int kGroupTokenTiles = 8;
 
-/* ROWS = 64 MT x 2 weight rows per block, TOKENS tokens (128 or 160), STAGES k tiles in shared memory
- * (STAGES - 2 of them copied ahead of the one being expanded). 256 rows or 160 tokens: one block per SM
- * (the accumulators take 128 or 80 registers a thread); 128 x 128: two blocks per SM (5 stages), so one
- * block's epilogue overlaps another's loop. */
+/* ROWS = 64 MT x 2 weight rows per block, TOKENS tokens (64, 96, 128 or 160), STAGES k tiles in
+ * shared memory (STAGES - 2 of them copied ahead of the one being expanded). 256 rows or 160 tokens:
+ * one block per SM (the accumulators take 128 or 80 registers a thread); 128 rows x 64 to 128 tokens:
+ * two blocks per SM (5 stages), so one block's epilogue overlaps another's loop. */
 template <int MT, int STAGES, int TOKENS = 128>
 struct Shape {
     static constexpr int kRows = 128 * MT, kTokens = TOKENS;
     static constexpr int kStages = STAGES;
-    static constexpr int kBlocksPerSM = MT == 1 && TOKENS == 128 ? 2 : 1;
+    static constexpr int kBlocksPerSM = MT == 1 && TOKENS <= 128 ? 2 : 1;
     static constexpr int kXBytes = kTokens * kTileK, kWBytes = kRows * kTileKBytesW;
     static constexpr int kStageBytes = kXBytes + kWBytes; /* a multiple of 1024: x tiles stay 1024-aligned */
     /* The epilogue's tile, [token][row] words; rows padded by 4 words so that the 32 lanes of a store
@@ -52,12 +54,32 @@ struct Shape {
     static constexpr int kOutStride = kRows + 4;
     static constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageBytes + 1024; /* + alignment */
     static_assert(kStageBytes % 1024 == 0, "the 128-byte swizzle repeats every 1024 bytes");
-    static_assert(TOKENS == 128 || TOKENS == 160, "the wgmma shapes of wgmma_s8");
+    static_assert(TOKENS == 64 || TOKENS == 96 || TOKENS == 128 || TOKENS == 160, "the wgmma shapes of wgmma_s8");
     static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kStages * kStageBytes, "the epilogue's tile");
 };
 
-/* d (64 rows x 128 or 160 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x 128 or 160 signed
- * bytes, shared memory, descriptor b). */
+/* d (64 rows x 64, 96, 128 or 160 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x that
+ * many signed bytes, shared memory, descriptor b). */
+__device__ __forceinline__ void wgmma_s8(int (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    BN_SM90A_ASM("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " BN_WGMMA_D32_REGS ", "
+                 "{%32, %33, %34, %35}, %36, p;\n"
+                 "}\n"
+                 : BN_WGMMA_D32("+r", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_s8(int (&d)[48], const uint32_t (&a)[4], uint64_t b) {
+    BN_SM90A_ASM("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %53, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 " BN_WGMMA_D48_REGS ", "
+                 "{%48, %49, %50, %51}, %52, p;\n"
+                 "}\n"
+                 : BN_WGMMA_D48("+r", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
 __device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     BN_SM90A_ASM("{\n"
                  ".reg .pred p;\n"
@@ -193,7 +215,8 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     const __grid_constant__ CUtensorMap w_map) {
     using S = Shape<MT, STAGES, TOKENS>;
     constexpr int kStages = S::kStages, kStageBytes = S::kStageBytes, kXBytes = S::kXBytes, kTokens = TOKENS;
-    static_assert(TOKENS == 128 || (SPLIT == 1 && !PIECES), "160-token tiles are whole tiles");
+    static_assert(TOKENS != 160 || SPLIT == 1, "160-token tiles are whole tiles");
+    static_assert(!PIECES || TOKENS == 128, "remainder pieces are 128-token tiles");
     extern __shared__ int4 shared[];
     const uint32_t smem_base = (shared_address(shared) + 1023) & ~1023u;
     uint8_t *smem = reinterpret_cast<uint8_t *>(shared) + (smem_base - shared_address(shared));
@@ -214,7 +237,8 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     const int group_tiles = min(kGroupTokenTiles, token_tiles - group * kGroupTokenTiles);
     /* The tile's tokens from `first`; its x box from token0, which for a last tile short of kTokens
      * is N - kTokens (where N >= kTokens), so that the box ends at token N: boxes past the tensor's
-     * end took 3-5 us more (H200). The box's tokens before `first` are the previous tile's. */
+     * end took 3-5 us more (H200). The box's tokens before `first` are the previous tile's. Where
+     * N < kTokens the box has N rows. */
     const int first = (group * kGroupTokenTiles + in_group % group_tiles) * kTokens;
     const int token0 = min(first, max(a.N - kTokens, 0));
     const int row0 = in_group / group_tiles * S::kRows;
@@ -232,11 +256,12 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     __syncthreads();
 
     /* Thread 0 requests a stage: the weights (kRows x 32 bytes, the 32-byte swizzle: w_tile_offset),
-     * with the whole stage's bytes expected, then x (TOKENS x 128 bytes, the 128-byte swizzle);
-     * rows past M and N arrive as zeros. */
+     * with the whole stage's bytes expected, then x (the box's rows x 128 bytes, the 128-byte
+     * swizzle); weight rows past M arrive as zeros. */
+    const uint32_t stage_bytes = min(a.N, kTokens) * kTileK + S::kWBytes;
     auto request_weights = [&](int s, int kt) {
         const uint32_t bar = landed0 + 8 * s;
-        BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(kStageBytes) : "memory");
+        BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(stage_bytes) : "memory");
         tma_load(smem_base + s * kStageBytes + kXBytes, w_map, (kt0 + kt) * kTileKBytesW, row0, bar);
     };
     auto request_x = [&](int s, int kt) {
@@ -442,7 +467,7 @@ bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
     const dim3 grid(rem.full_tiles < tiles ? rem.full_tiles + (tiles - rem.full_tiles) * rem.pieces
                                            : tiles * SPLIT);
     CUtensorMap x_map, w_map;
-    BN_TRY(tensor_map(&x_map, a.x, a.N, a.K, TOKENS, kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
+    BN_TRY(tensor_map(&x_map, a.x, a.N, a.K, std::min(a.N, TOKENS), kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
     BN_TRY(tensor_map(&w_map, a.w, a.M, a.K / 4, S::kRows, kTileKBytesW, CU_TENSOR_MAP_SWIZZLE_32B));
     BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector,
                                       rem, x_map, w_map));
@@ -468,13 +493,13 @@ bitnet_status launch_remainder(int32_t device, const GemmArgs &a, int64_t full_t
     return BITNET_OK;
 }
 
-template <int STAGES>
+template <int STAGES, int TOKENS>
 bitnet_status launch_split(int32_t device, const GemmArgs &a, int split, cudaStream_t stream) {
     switch (split) {
-        case 1: return launch<1, STAGES, 1>(device, a, stream);
-        case 2: return launch<1, STAGES, 2>(device, a, stream);
-        case 4: return launch<1, STAGES, 4>(device, a, stream);
-        default: return launch<1, STAGES, 8>(device, a, stream);
+        case 1: return launch<1, STAGES, 1, false, TOKENS>(device, a, stream);
+        case 2: return launch<1, STAGES, 2, false, TOKENS>(device, a, stream);
+        case 4: return launch<1, STAGES, 4, false, TOKENS>(device, a, stream);
+        default: return launch<1, STAGES, 8, false, TOKENS>(device, a, stream);
     }
 }
 
@@ -485,5 +510,9 @@ bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int row
     if (tokens == 160) return launch<1, 8, 1, false, 160>(device, a, stream);
     if (rows == 256) return launch<2, 8, 1>(device, a, stream);
     if (pieces > 1) return launch_remainder(device, a, full_tiles, pieces, stream);
-    return one_per_sm ? launch_split<10>(device, a, split, stream) : launch_split<5>(device, a, split, stream);
+    if (tokens == 64)
+        return one_per_sm ? launch_split<10, 64>(device, a, split, stream) : launch_split<5, 64>(device, a, split, stream);
+    if (tokens == 96)
+        return one_per_sm ? launch_split<10, 96>(device, a, split, stream) : launch_split<5, 96>(device, a, split, stream);
+    return one_per_sm ? launch_split<10, 128>(device, a, split, stream) : launch_split<5, 128>(device, a, split, stream);
 }
