@@ -443,14 +443,15 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
+    const bool wgmma = major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS;
     const bool small_matrix = M * K < (1LL << 24);
-    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
+    if (wgmma && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
         const int tokens = N <= 64 || small_matrix ? 64 : 96;
         const int64_t blocks = bn_ceil_div(N, tokens) * bn_ceil_div(M, 128);
         const int split = wgmma_split(blocks, K, sms);
         return gemm_w2a8_sm90(device, a, 128, tokens, blocks * split <= sms, split, 0, 1, s);
     }
-    if (major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS && blocks_128 * 8 <= INT32_MAX) {
+    if (wgmma && blocks_128 * 8 <= INT32_MAX) {
         const bool large_x = N * K >= (64LL << 20) && token_tiles * bn_ceil_div(M, 256) >= 2 * sms;
         /* 160-token tiles where the 128-token ones are more than the SMs and these are not: one wave
          * of one block per SM, each a quarter larger, in place of a part second wave (2560 x 2560 at
