@@ -113,6 +113,11 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, i
                  : "memory");
 }
 
+/* Fetches a tensor map (a __grid_constant__ parameter) ahead of its first copy. */
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap &map) {
+    BN_SM90A_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+}
+
 __device__ __forceinline__ void wait_phase(uint32_t barrier, uint32_t parity) {
     BN_SM90A_ASM("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n"
                  ::"r"(barrier), "r"(parity) : "memory");
@@ -267,14 +272,20 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     auto request_x = [&](int s, int kt) {
         tma_load(smem_base + s * kStageBytes, x_map, (kt0 + kt) * kTileK, token0, landed0 + 8 * s);
     };
-    /* The weights never depend on the previous kernel: the first stages' are requested before the
-     * PDL wait. */
+    /* The weights and their scales never depend on the previous kernel: the first stages' weights
+     * and the block's row scales are requested before the PDL wait, the token scales right after it;
+     * the scales are awaited only in the epilogue (thread i holds row i's and token i's). */
+    const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
     if (tid == 0) {
+        prefetch_tensor_map(w_map);
+        prefetch_tensor_map(x_map);
 #pragma unroll
         for (int s = 0; s < kStages - 1; s++)
             if (s < k_tiles) request_weights(s, s);
     }
+    const float row_scale = scaled_out && tid < S::kRows && row0 + tid < a.M ? a.w_scales[row0 + tid] : 0.0f;
     bn_pdl_wait();
+    const float token_scale = scaled_out && tid < kTokens && token0 + tid < a.N ? a.x_scales[token0 + tid] : 1.0f;
     auto wait_tile = [&](int kt) { wait_phase(landed0 + 8 * (kt % kStages), (kt / kStages) & 1); };
 
     /* This lane's weight rows: tile mt (64 rows) of its warpgroup, rows r and r + 8. */
@@ -347,24 +358,11 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     if constexpr (PIECES)
         if (static_cast<int>(blockIdx.x) >= rem.full_tiles && !gather_pieces<MT>(rem, acc)) return;
 
-    /* acc[mt][4 j + 2 half + e]: row a_row + 64 mt + 8 half, token 8 j + 2 t + e. The scales are
-     * loaded before any store (y might alias them as far as the compiler knows). */
-    const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
-    float x_scale[TOKENS / 8][2], w_scale[MT][2];
-#pragma unroll
-    for (int j = 0; j < TOKENS / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int n = token0 + 8 * j + 2 * t + e;
-            x_scale[j][e] = scaled_out && n < a.N ? a.x_scales[n] : 1.0f;
-        }
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int m = row0 + a_row + 64 * mt + 8 * half;
-            w_scale[mt][half] = scaled_out && m < a.M ? a.w_scales[m] : 0.0f;
-        }
+    /* acc[mt][4 j + 2 half + e]: row a_row + 64 mt + 8 half, token 8 j + 2 t + e. The scales of the
+     * block's rows and tokens: 0 past M, 1 past N. */
+    __shared__ float row_scales[S::kRows], token_scales[kTokens];
+    if (tid < S::kRows) row_scales[tid] = row_scale;
+    if (tid < kTokens) token_scales[tid] = token_scale;
     __syncthreads(); /* every warpgroup is done with the stages: they take the epilogue's tile */
     /* The tile holds the outputs, or with SPLIT > 1 this block's int32 dots, which the cluster adds
      * up below before scaling them. */
@@ -380,7 +378,8 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
                 for (int e = 0; e < 2; e++) {
                     const int dot = acc[mt][4 * j + 2 * half + e];
                     out[(8 * j + 2 * t + e) * S::kOutStride + a_row + 64 * mt + 8 * half] =
-                        scale_here ? __float_as_uint(scaled(dot, w_scale[mt][half], x_scale[j][e]))
+                        scale_here ? __float_as_uint(scaled(dot, row_scales[a_row + 64 * mt + 8 * half],
+                                                            token_scales[8 * j + 2 * t + e]))
                                    : static_cast<uint32_t>(dot);
                 }
     constexpr int kChunks = S::kRows / 8;
@@ -408,7 +407,7 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
             uint32_t v[8];
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                v[i] = scaled_out ? __float_as_uint(scaled(dot[i], m + i < a.M ? a.w_scales[m + i] : 0.0f, a.x_scales[n]))
+                v[i] = scaled_out ? __float_as_uint(scaled(dot[i], row_scales[m_local + i], token_scales[n_local]))
                                   : static_cast<uint32_t>(dot[i]);
             store8(a, n, m, make_uint4(v[0], v[1], v[2], v[3]), make_uint4(v[4], v[5], v[6], v[7]),
                    vector && m + 8 <= a.M);
