@@ -13,6 +13,16 @@
 
 #include "common.cuh"
 
+/* gemv_bf16_sm90.cu: the wgmma kernel (compute capability 9.0 only, bfloat16 x, K % 64 == 0). */
+bitnet_status bn_cuda_gemv_bf16_sm90(int32_t device, const __nv_bfloat16 *w, int64_t M, int64_t K,
+                                     const __nv_bfloat16 *x, int64_t N, void *y, bool y_is_bf16, cudaStream_t stream);
+
+/* From this many bfloat16 tokens on, compute capability 9.0 takes the wgmma kernel (for
+ * tools/dev/gemm_variants.sh-style A/B builds: a large value turns it off). */
+#ifndef BN_HEAD_WGMMA_MIN_TOKENS
+#define BN_HEAD_WGMMA_MIN_TOKENS 9
+#endif
+
 namespace {
 
 constexpr int WARPS_PER_BLOCK = 8;
@@ -165,12 +175,18 @@ gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bf
 }
 
 template <typename XT>
-bitnet_status launch_tiles(const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int64_t N,
+bitnet_status launch_tiles(int32_t device, const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int64_t N,
                            void *y, int32_t y_dtype, cudaStream_t stream) {
     const bool y_is_bf16 = y_dtype == BITNET_DTYPE_BF16;
     const int64_t y_elem = bn_dtype_size(y_dtype);
-    int major = 0;
+    int major = 0, minor = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if constexpr (std::is_same<XT, __nv_bfloat16>::value) {
+        if (major == 9 && minor == 0 && K % 64 == 0 && N >= BN_HEAD_WGMMA_MIN_TOKENS && M <= INT32_MAX &&
+            N <= INT32_MAX && 2 * K <= INT32_MAX)
+            return bn_cuda_gemv_bf16_sm90(device, w, M, K, x, N, y, y_is_bf16, stream);
+    }
     const bool tensor_cores = std::is_same<XT, __nv_bfloat16>::value && K % 32 == 0 && major >= 8;
     const int tile = tensor_cores ? MMA_TILE_TOKENS : TILE_TOKENS;
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
@@ -202,7 +218,7 @@ bitnet_status bn_cuda_gemv_bf16(int32_t device, const void *w, int64_t M, int64_
     BN_CUDA_ENTER(guard, device);
     const __nv_bfloat16 *weights = static_cast<const __nv_bfloat16 *>(w);
     if (x_dtype == BITNET_DTYPE_BF16)
-        return launch_tiles(weights, M, K, static_cast<const __nv_bfloat16 *>(x), N, y, y_dtype,
+        return launch_tiles(device, weights, M, K, static_cast<const __nv_bfloat16 *>(x), N, y, y_dtype,
                             bn_stream(stream));
-    return launch_tiles(weights, M, K, static_cast<const float *>(x), N, y, y_dtype, bn_stream(stream));
+    return launch_tiles(device, weights, M, K, static_cast<const float *>(x), N, y, y_dtype, bn_stream(stream));
 }
