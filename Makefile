@@ -97,7 +97,7 @@ $(OBJ_DIR)/%.o: native/src/%.c $(BUILD_DIR)/config.$(BACKEND)
 
 # Hopper-only kernels (wgmma) are built for sm_90a alone, whatever CUDA_ARCHS says; their launchers
 # run them only on compute capability 9.0.
-$(OBJ_DIR)/cuda/gemm_w2a8_sm90.cu.o $(OBJ_DIR)/cuda/attention_prefill_sm90.cu.o: GENCODE := -gencode=arch=compute_90a,code=sm_90a
+$(OBJ_DIR)/cuda/gemm_w2a8_sm90.cu.o $(OBJ_DIR)/cuda/attention_prefill_sm90.cu.o $(OBJ_DIR)/cuda/gemv_bf16_sm90.cu.o: GENCODE := -gencode=arch=compute_90a,code=sm_90a
 
 # Compiling every architecture takes minutes on a small machine: say so, and how to skip it, once
 # before the CUDA objects are compiled.

@@ -71,12 +71,15 @@ def test_embedding_cpu(rng, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,K,N", [(128256, 2560, 1), (128256, 2560, 8), (1001, 2560, 3),
                                    (333, 96, 2), (77, 136, 11), (16, 64, 17), (333, 96, 16),
-                                   (1001, 2560, 33), (128256, 2560, 64), (77, 160, 100)])
+                                   (1001, 2560, 33), (128256, 2560, 64), (77, 160, 100),
+                                   (77, 128, 9), (1001, 2560, 100), (333, 2560, 200)])
 @pytest.mark.parametrize("x_dtype", ["bfloat16", "float32"])
 def test_gemv_bf16_gpu_matches_cpu_and_reference(rng, M, K, N, x_dtype):
-    """Covers both GPU kernels: one token or float32 x on CUDA cores (tiles of 8 tokens), 2 or
+    """Covers the GPU kernels: one token or float32 x on CUDA cores (tiles of 8 tokens), 2 or
     more bfloat16 tokens (K a multiple of 32) on tensor cores in tiles of 8, 16, 32 or 64, with M
-    not a multiple of 16 and more tokens than one tile."""
+    not a multiple of 16 and more tokens than one tile; on compute capability 9.0, 9 or more
+    bfloat16 tokens with K a multiple of 64 on wgmma in tiles of 64 or 128 tokens, short of a tile
+    (9, 17, 33, 100) and over two (200)."""
     torch = pytest.importorskip("torch")
     w = random_bf16(rng, (M, K))
     x = random_bf16(rng, (N, K)) if x_dtype == "bfloat16" else rng.standard_normal((N, K)).astype(np.float32)

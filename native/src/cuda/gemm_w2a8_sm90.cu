@@ -19,12 +19,11 @@
  * Measured numbers: docs/gemm.md. */
 #include <algorithm>
 #include <cooperative_groups.h>
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <type_traits>
 
 #include "common.cuh"
 #include "gemm_w2a8.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 namespace cg = cooperative_groups;
@@ -104,24 +103,6 @@ __device__ __forceinline__ void wgmma_s8(int (&d)[80], const uint32_t (&a)[4], u
 /* Descriptor of a K-major x tile of rows of 128 bytes, starting `address` (1024-aligned, plus 32 s for
  * k32 step s). */
 __device__ __forceinline__ uint64_t x_descriptor(uint32_t address) { return swizzle128_descriptor(address, 16, 1024); }
-
-/* The tensor memory accelerator: a 2-D box of bytes global -> shared memory, completing `landed`'s
- * transaction count; the box's shared-memory layout is the tensor map's swizzle. */
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap &map, int inner, int row, uint32_t landed) {
-    BN_SM90A_ASM("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
-                 "[%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(inner), "r"(row), "r"(landed)
-                 : "memory");
-}
-
-/* Fetches a tensor map (a __grid_constant__ parameter) ahead of its first copy. */
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap &map) {
-    BN_SM90A_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
-}
-
-__device__ __forceinline__ void wait_phase(uint32_t barrier, uint32_t parity) {
-    BN_SM90A_ASM("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n"
-                 ::"r"(barrier), "r"(parity) : "memory");
-}
 
 /* W_q of 4 consecutive weights as signed bytes: shift `shift` of a packed word. */
 __device__ __forceinline__ uint32_t signed_codes(uint32_t word, int shift) {
@@ -430,29 +411,6 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     }
 }
 
-/* A tensor map of `rows` rows of `row_bytes` bytes at `base`, boxes of box_rows x box_bytes. */
-bitnet_status tensor_map(CUtensorMap *map, const void *base, int64_t rows, int64_t row_bytes, uint32_t box_rows,
-                         uint32_t box_bytes, CUtensorMapSwizzle swizzle) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void *fn = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) ==
-                               cudaSuccess && found == cudaDriverEntryPointSuccess
-                   ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
-                   : nullptr;
-    }();
-    if (encode == nullptr) return bn_fail(BITNET_ERR_CUDA, "bitnet_gemv_w2a8: the driver has no cuTensorMapEncodeTiled");
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
-    const cuuint32_t box[2] = {box_bytes, box_rows}, steps[2] = {1, 1};
-    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(base), dims, strides, box, steps,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return bn_fail(BITNET_ERR_CUDA, "bitnet_gemv_w2a8: cuTensorMapEncodeTiled failed (CUresult %d)", (int)r);
-    return BITNET_OK;
-}
-
 template <int MT, int STAGES, int SPLIT, bool PIECES = false, int TOKENS = 128>
 bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
                      Remainder rem = {INT32_MAX, 1, nullptr, nullptr}) {
@@ -466,8 +424,8 @@ bitnet_status launch(int32_t device, const GemmArgs &a, cudaStream_t stream,
     const dim3 grid(rem.full_tiles < tiles ? rem.full_tiles + (tiles - rem.full_tiles) * rem.pieces
                                            : tiles * SPLIT);
     CUtensorMap x_map, w_map;
-    BN_TRY(tensor_map(&x_map, a.x, a.N, a.K, std::min(a.N, TOKENS), kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
-    BN_TRY(tensor_map(&w_map, a.w, a.M, a.K / 4, S::kRows, kTileKBytesW, CU_TENSOR_MAP_SWIZZLE_32B));
+    BN_TRY(bn_tensor_map("bitnet_gemv_w2a8", &x_map, a.x, a.N, a.K, std::min(a.N, TOKENS), kTileK, CU_TENSOR_MAP_SWIZZLE_128B));
+    BN_TRY(bn_tensor_map("bitnet_gemv_w2a8", &w_map, a.w, a.M, a.K / 4, S::kRows, kTileKBytesW, CU_TENSOR_MAP_SWIZZLE_32B));
     BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(kThreads), S::kSharedBytes, SPLIT, stream, a, vector,
                                       rem, x_map, w_map));
     return BITNET_OK;

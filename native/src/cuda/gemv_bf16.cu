@@ -3,7 +3,10 @@
  * of its row, UNROLL chunks in flight, and multiplies each chunk with the same chunk of every token
  * of the tile (x is small and stays in L1/L2). 2 or more bfloat16 tokens: tensor cores, a warp per
  * 16 rows and up to 64 tokens, x staged in shared memory (gemv_bf16_mma_kernel). More tokens loop
- * over tiles of TILE_TOKENS (MMA_TILE_TOKENS on tensor cores).
+ * over tiles of TILE_TOKENS (MMA_TILE_TOKENS on tensor cores). Compute capability 9.0, from
+ * BN_HEAD_WGMMA_MIN_TOKENS bfloat16 tokens on with K % 64 == 0: the wgmma kernel of gemv_bf16_sm90.cu,
+ * which reads the weights once per 64 or 128 tokens (the 2B4T head at 64 tokens: 0.380 -> 0.172 ms
+ * on an H200, docs/log/2026-12-02.md#2026-12-02-8).
  * Launched with programmatic dependent launch.
  * Bytes: M*K*2 of weights, read once per tile, dominate; batch 1 at 128256 x 2560 reads them at
  * about 3.1 TB/s on the H100 (0.211 ms). */
@@ -12,6 +15,16 @@
 #include <type_traits>
 
 #include "common.cuh"
+
+/* gemv_bf16_sm90.cu: the wgmma kernel (compute capability 9.0 only, bfloat16 x, K % 64 == 0). */
+bitnet_status bn_cuda_gemv_bf16_sm90(int32_t device, const __nv_bfloat16 *w, int64_t M, int64_t K,
+                                     const __nv_bfloat16 *x, int64_t N, void *y, bool y_is_bf16, cudaStream_t stream);
+
+/* From this many bfloat16 tokens on, compute capability 9.0 takes the wgmma kernel (for
+ * tools/dev/gemm_variants.sh-style A/B builds: a large value turns it off). */
+#ifndef BN_HEAD_WGMMA_MIN_TOKENS
+#define BN_HEAD_WGMMA_MIN_TOKENS 9
+#endif
 
 namespace {
 
@@ -165,12 +178,18 @@ gemv_bf16_mma_kernel(const __nv_bfloat16 *w, int64_t M, int64_t K, const __nv_bf
 }
 
 template <typename XT>
-bitnet_status launch_tiles(const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int64_t N,
+bitnet_status launch_tiles(int32_t device, const __nv_bfloat16 *w, int64_t M, int64_t K, const XT *x, int64_t N,
                            void *y, int32_t y_dtype, cudaStream_t stream) {
     const bool y_is_bf16 = y_dtype == BITNET_DTYPE_BF16;
     const int64_t y_elem = bn_dtype_size(y_dtype);
-    int major = 0;
+    int major = 0, minor = 0;
     BN_CUDA_TRY(bn_current_cc_major(&major));
+    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if constexpr (std::is_same<XT, __nv_bfloat16>::value) {
+        if (major == 9 && minor == 0 && K % 64 == 0 && N >= BN_HEAD_WGMMA_MIN_TOKENS && M <= INT32_MAX &&
+            N <= INT32_MAX && 2 * K <= INT32_MAX)
+            return bn_cuda_gemv_bf16_sm90(device, w, M, K, x, N, y, y_is_bf16, stream);
+    }
     const bool tensor_cores = std::is_same<XT, __nv_bfloat16>::value && K % 32 == 0 && major >= 8;
     const int tile = tensor_cores ? MMA_TILE_TOKENS : TILE_TOKENS;
     for (int64_t n0 = 0; n0 < N; n0 += tile) {
@@ -202,7 +221,7 @@ bitnet_status bn_cuda_gemv_bf16(int32_t device, const void *w, int64_t M, int64_
     BN_CUDA_ENTER(guard, device);
     const __nv_bfloat16 *weights = static_cast<const __nv_bfloat16 *>(w);
     if (x_dtype == BITNET_DTYPE_BF16)
-        return launch_tiles(weights, M, K, static_cast<const __nv_bfloat16 *>(x), N, y, y_dtype,
+        return launch_tiles(device, weights, M, K, static_cast<const __nv_bfloat16 *>(x), N, y, y_dtype,
                             bn_stream(stream));
-    return launch_tiles(weights, M, K, static_cast<const float *>(x), N, y, y_dtype, bn_stream(stream));
+    return launch_tiles(device, weights, M, K, static_cast<const float *>(x), N, y, y_dtype, bn_stream(stream));
 }
