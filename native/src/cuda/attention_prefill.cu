@@ -239,12 +239,12 @@ bitnet_status launch_prefill(int32_t device, int64_t B, int64_t Sq, int64_t Hq, 
     if (Sq > 65535LL * kBlockM<2> || B > 65535)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Sq = %lld too large "
                        "for the prefill grid", (long long)B, (long long)Sq);
-    int sms = 0, major = 0, minor = 0;
+    int sms = 0;
+    bool sm90a = false;
     BN_TRY(bn_cuda_sm_count(device, &sms));
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    BN_CUDA_TRY(bn_runs_sm90a(device, &sm90a));
     const int64_t wide_blocks = Hq * bn_ceil_div(Sq, kBlockM<2>) * B;
-    if (D == 128 && major == 9 && minor == 0 && 100 * wide_blocks >= BN_PREFILL_WGMMA_MIN_SM_PERCENT * sms)
+    if (D == 128 && sm90a && 100 * wide_blocks >= BN_PREFILL_WGMMA_MIN_SM_PERCENT * sms)
         return bn_cuda_attention_prefill_sm90(device, std::is_same_v<T, __nv_bfloat16> ? BITNET_DTYPE_BF16
                                                                                        : BITNET_DTYPE_F16,
                                               B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, stream);

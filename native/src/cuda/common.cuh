@@ -72,6 +72,16 @@ static inline cudaError_t bn_current_cc_major(int *major) {
                               : cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, device);
 }
 
+/* Whether `device` runs the kernels built for sm_90a alone (the *_sm90.cu files): compute capability
+ * exactly 9.0. */
+static inline cudaError_t bn_runs_sm90a(int32_t device, bool *yes) {
+    int major = 0, minor = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    *yes = err == cudaSuccess && major == 9 && minor == 0;
+    return err;
+}
+
 /* Programmatic dependent launch (sm_90 and newer; no-ops before). A kernel launched by
  * bn_launch_pdl may start while the previous kernel on its stream still runs: bn_pdl_wait() returns
  * once that kernel has finished and its writes are visible, so nothing that kernel may write is

@@ -438,12 +438,13 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     a.K = static_cast<int>(K);
     a.N = static_cast<int>(N);
     cudaStream_t s = bn_stream(stream);
-    int major = 0, minor = 0, sms = 0;
+    int major = 0, sms = 0;
+    bool sm90a = false;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    BN_CUDA_TRY(bn_runs_sm90a(device, &sm90a));
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
-    const bool wgmma = major == 9 && minor == 0 && N >= GEMM_WGMMA_MIN_TOKENS;
+    const bool wgmma = sm90a && N >= GEMM_WGMMA_MIN_TOKENS;
     const bool small_matrix = M * K < (1LL << 24);
     if (wgmma && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
         const int tokens = N <= 64 || small_matrix ? 64 : 96;

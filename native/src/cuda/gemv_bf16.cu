@@ -182,11 +182,12 @@ bitnet_status launch_tiles(int32_t device, const __nv_bfloat16 *w, int64_t M, in
                            void *y, int32_t y_dtype, cudaStream_t stream) {
     const bool y_is_bf16 = y_dtype == BITNET_DTYPE_BF16;
     const int64_t y_elem = bn_dtype_size(y_dtype);
-    int major = 0, minor = 0;
+    int major = 0;
+    bool sm90a = false;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    BN_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    BN_CUDA_TRY(bn_runs_sm90a(device, &sm90a));
     if constexpr (std::is_same<XT, __nv_bfloat16>::value) {
-        if (major == 9 && minor == 0 && K % 64 == 0 && N >= BN_HEAD_WGMMA_MIN_TOKENS && M <= INT32_MAX &&
+        if (sm90a && K % 64 == 0 && N >= BN_HEAD_WGMMA_MIN_TOKENS && M <= INT32_MAX &&
             N <= INT32_MAX && 2 * K <= INT32_MAX)
             return bn_cuda_gemv_bf16_sm90(device, w, M, K, x, N, y, y_is_bf16, stream);
     }
