@@ -14,8 +14,8 @@ import bitnet_ffi as bn
 SHAPES = [(2560, 2560, None), (3840, 2560, [2560, 640, 640]), (13824, 2560, [6912, 6912]),
           (2560, 6912, None), (333, 384, None), (1001, 1280, [500, 501]), (7, 128, None)]
 # 31, 80 and 127: short of the wgmma kernel's 64-, 96- and 128-token tiles (sm_90), whose x boxes
-# then hold only N rows.
-TOKENS = [16, 17, 31, 64, 80, 100, 127, 960, 4096]
+# then hold only N rows; 200: the small matrices' 64-token tiles with K split over clusters.
+TOKENS = [16, 17, 31, 64, 80, 100, 127, 200, 960, 4096]
 CPU_TOKENS = 24  # tokens checked against the CPU backend when N is larger
 
 

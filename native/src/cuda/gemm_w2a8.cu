@@ -449,7 +449,10 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     if (wgmma && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
         const int tokens = N <= 64 || small_matrix ? 64 : 96;
         const int64_t blocks = bn_ceil_div(N, tokens) * bn_ceil_div(M, 128);
-        const int split = wgmma_split(blocks, K, sms);
+        int split = wgmma_split(blocks, K, sms);
+        /* Small matrices past 128 tokens: K over clusters of 2 where each block keeps 4 tiles (2560 x
+         * 2560 at 256 tokens 10.2 -> 9.6 us, H200: docs/log/2026-12-02.md#2026-12-02-8). */
+        if (small_matrix && N > 128 && split == 1 && K / kTileK >= 8) split = 2;
         return gemm_w2a8_sm90(device, a, 128, tokens, blocks * split <= sms, split, 0, 1, s);
     }
     if (wgmma && blocks_128 * 8 <= INT32_MAX) {
