@@ -18,7 +18,6 @@
  * Launched by bn_cuda_gemm_w2a8 (gemm_w2a8.cu) on compute capability 9.0 for large problems.
  * Measured numbers: docs/gemm.md. */
 #include <algorithm>
-#include <cooperative_groups.h>
 #include <type_traits>
 
 #include "common.cuh"
@@ -26,7 +25,6 @@
 #include "tma.cuh"
 #include "wgmma.cuh"
 
-namespace cg = cooperative_groups;
 using namespace bn_gemm;
 
 namespace {
@@ -103,6 +101,18 @@ __device__ __forceinline__ void wgmma_s8(int (&d)[80], const uint32_t (&a)[4], u
 /* Descriptor of a K-major x tile of rows of 128 bytes, starting `address` (1024-aligned, plus 32 s for
  * k32 step s). */
 __device__ __forceinline__ uint64_t x_descriptor(uint32_t address) { return swizzle128_descriptor(address, 16, 1024); }
+
+/* Every thread of the cluster; its shared-memory writes before, visible to the cluster after. */
+__device__ __forceinline__ void cluster_sync() {
+    BN_SM90A_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/* The shared::cluster address of shared-memory address `address` in block `rank` of the cluster. */
+__device__ __forceinline__ uint32_t cluster_address(uint32_t address, int rank) {
+    uint32_t mapped = 0;
+    BN_SM90A_ASM("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(mapped) : "r"(address), "r"(rank));
+    return mapped;
+}
 
 /* W_q of 4 consecutive weights as signed bytes: shift `shift` of a packed word. */
 __device__ __forceinline__ uint32_t signed_codes(uint32_t word, int shift) {
@@ -232,11 +242,12 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     const int k_tiles = static_cast<int>(static_cast<int64_t>(a.K / kTileK) * (split + 1) / parts) - kt0;
 
     /* landed[s]: the stage's tile has arrived (one phase per tile: tile kt in phase kt / kStages). */
-    __shared__ alignas(8) uint64_t landed[kStages];
+    __shared__ alignas(8) uint64_t landed[kStages], summed;
     const uint32_t landed0 = shared_address(landed);
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < kStages; s++) BN_SM90A_ASM("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(landed0 + 8 * s));
+        BN_SM90A_ASM("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(shared_address(&summed)));
         BN_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -363,52 +374,51 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
                                                             token_scales[8 * j + 2 * t + e]))
                                    : static_cast<uint32_t>(dot);
                 }
-    constexpr int kChunks = S::kRows / 8;
+    /* With SPLIT > 1, block `split` of the cluster stores tokens split * kShareTokens .. + kShareTokens
+     * - 1 of the tile: the others add their dots of those tokens into its tile by bulk reductions
+     * (counted by its mbarrier `summed`), then it scales and stores them. */
+    constexpr int kChunks = S::kRows / 8, kShareTokens = kTokens / SPLIT;
+    constexpr uint32_t kShareBytes = kShareTokens * S::kOutStride * 4;
+    static_assert(kTokens % SPLIT == 0 && kShareBytes % 16 == 0, "shares of whole tokens, 16-byte aligned");
     if constexpr (SPLIT > 1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        /* Each block of the cluster adds up and stores one SPLIT-th of the chunks, reading the
-         * others' tiles through distributed shared memory. */
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();
+        fence_async_shared(); /* the tile's writes, before the bulk reductions read it and add to it */
+        const uint32_t out_address = shared_address(out), summed_address = shared_address(&summed);
+        if (tid == 0)
+            BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(summed_address),
+                         "r"((SPLIT - 1) * kShareBytes) : "memory");
+        cluster_sync();
+        if (tid == 0) {
 #pragma unroll 1
-        for (int c = split * kThreads + tid; c < kTokens * kChunks; c += SPLIT * kThreads) {
-            const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
-            const int n = token0 + n_local, m = row0 + m_local;
-            if (n < first || n >= a.N || m >= a.M) continue;
-            int dot[8] = {};
-#pragma unroll
             for (int rank = 0; rank < SPLIT; rank++) {
-                const uint4 *src = reinterpret_cast<const uint4 *>(cluster.map_shared_rank(out, rank) +
-                                                                   n_local * S::kOutStride + m_local);
-                const uint4 lo = src[0], hi = src[1];
-                const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-                for (int i = 0; i < 8; i++) dot[i] += static_cast<int>(w[i]);
+                if (rank == split) continue;
+                const uint32_t share = out_address + rank * kShareBytes;
+                BN_SM90A_ASM("cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.add.u32 "
+                             "[%0], [%1], %2, [%3];\n" ::"r"(cluster_address(share, rank)), "r"(share),
+                             "r"(kShareBytes), "r"(cluster_address(summed_address, rank)) : "memory");
             }
-            uint32_t v[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                v[i] = scaled_out ? __float_as_uint(scaled(dot[i], row_scales[m_local + i], token_scales[n_local]))
-                                  : static_cast<uint32_t>(dot[i]);
-            store8(a, n, m, make_uint4(v[0], v[1], v[2], v[3]), make_uint4(v[4], v[5], v[6], v[7]),
-                   vector && m + 8 <= a.M);
         }
-        cluster.sync(); /* every block's tile stays until the others have read it */
-        return;
-#else
-        __trap();
-#endif
+        wait_phase(summed_address, 0);
+    } else {
+        __syncthreads();
     }
-    __syncthreads();
-    /* Thread tid stores rows 8 (c % (kRows / 8)) .. + 7 of token c / (kRows / 8), c = tid + kThreads i. */
+    /* Thread tid stores rows 8 (c % (kRows / 8)) .. + 7 of token c / (kRows / 8), c = c_begin + tid +
+     * kThreads i. */
+    const int c_begin = SPLIT > 1 ? split * kShareTokens * kChunks : 0;
 #pragma unroll 4
-    for (int c = tid; c < kTokens * kChunks; c += kThreads) {
+    for (int c = c_begin + tid; c < c_begin + kShareTokens * kChunks; c += kThreads) {
         const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
         const int n = token0 + n_local, m = row0 + m_local;
         if (n < first || n >= a.N || m >= a.M) continue;
         const uint4 *src = reinterpret_cast<const uint4 *>(out + n_local * S::kOutStride + m_local);
-        store8(a, n, m, src[0], src[1], vector && m + 8 <= a.M);
+        uint32_t v[8] = {src[0].x, src[0].y, src[0].z, src[0].w, src[1].x, src[1].y, src[1].z, src[1].w};
+        if (SPLIT > 1 && scaled_out) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                v[i] = __float_as_uint(scaled(static_cast<int>(v[i]), row_scales[m_local + i], token_scales[n_local]));
+        }
+        store8(a, n, m, make_uint4(v[0], v[1], v[2], v[3]), make_uint4(v[4], v[5], v[6], v[7]), vector && m + 8 <= a.M);
     }
+    if constexpr (SPLIT > 1) cluster_sync(); /* every block's tile stays until the others' reductions have read it */
 }
 
 template <int MT, int STAGES, int SPLIT, bool PIECES = false, int TOKENS = 128>

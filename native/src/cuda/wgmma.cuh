@@ -37,7 +37,8 @@ template <int PENDING>
 __device__ __forceinline__ void wgmma_wait() {
     BN_SM90A_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(PENDING) : "memory");
 }
-/* Orders this thread's generic-proxy writes of shared memory (cp.async) before later wgmma reads. */
+/* Orders this thread's generic-proxy accesses of shared memory before later async-proxy ones (wgmma
+ * reads, bulk copies). */
 __device__ __forceinline__ void fence_async_shared() { BN_SM90A_ASM("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 /* Descriptor of a shared-memory operand in the 128-byte swizzle (rows of 128 bytes, chunk c of row r
