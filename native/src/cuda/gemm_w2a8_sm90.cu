@@ -258,7 +258,7 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     const uint32_t stage_bytes = min(a.N, kTokens) * kTileK + S::kWBytes;
     auto request_weights = [&](int s, int kt) {
         const uint32_t bar = landed0 + 8 * s;
-        BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(stage_bytes) : "memory");
+        arrive_expect_bytes(bar, stage_bytes);
         tma_load(smem_base + s * kStageBytes + kXBytes, w_map, (kt0 + kt) * kTileKBytesW, row0, bar);
     };
     auto request_x = [&](int s, int kt) {
@@ -383,9 +383,7 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
     if constexpr (SPLIT > 1) {
         fence_async_shared(); /* the tile's writes, before the bulk reductions read it and add to it */
         const uint32_t out_address = shared_address(out), summed_address = shared_address(&summed);
-        if (tid == 0)
-            BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(summed_address),
-                         "r"((SPLIT - 1) * kShareBytes) : "memory");
+        if (tid == 0) arrive_expect_bytes(summed_address, (SPLIT - 1) * kShareBytes);
         cluster_sync();
         if (tid == 0) {
 #pragma unroll 1

@@ -85,7 +85,7 @@ __global__ __launch_bounds__(kThreads, HeadShape<TOKENS>::kBlocksPerSM) void hea
     const uint32_t stage_bytes = S::kWBytes + min(N, TOKENS) * 128;
     auto request_weights = [&](int s, int kt) {
         const uint32_t bar = landed0 + 8 * s;
-        BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(stage_bytes) : "memory");
+        arrive_expect_bytes(bar, stage_bytes);
         tma_load(smem_base + s * kStageBytes, w_map, kt * 128, row0, bar);
     };
     auto request_x = [&](int s, int kt) {

@@ -22,6 +22,12 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap &map) {
     BN_SM90A_ASM("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
 }
 
+/* This thread's arrival on the mbarrier at `barrier`, which then also waits for `bytes` more bytes
+ * of copies in its current phase. */
+__device__ __forceinline__ void arrive_expect_bytes(uint32_t barrier, uint32_t bytes) {
+    BN_SM90A_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(barrier), "r"(bytes) : "memory");
+}
+
 /* Until the mbarrier at `barrier` has completed the phase of this parity. */
 __device__ __forceinline__ void wait_phase(uint32_t barrier, uint32_t parity) {
     BN_SM90A_ASM("{\n.reg .pred p;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT_%=;\n}\n"
