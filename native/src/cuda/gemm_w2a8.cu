@@ -404,15 +404,16 @@ bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStr
 }
 
 /* The wgmma kernel's cluster size for `blocks` blocks of 128 rows: too few blocks, K split over
- * clusters, up to one block per SM with >= 4 tiles of K each, or up to three with >= 16 (uneven waves
- * of long blocks: 2560 x 6912 at 960 tokens 56.6 -> 47.5 us, where shorter blocks or more of them were
- * slower: log 2026-11-27-13). */
-int wgmma_split(int64_t blocks, int64_t K, int sms) {
+ * clusters, up to one block per SM with >= 4 tiles of K each, or up to three with >= `wide_tiles`
+ * (uneven waves of long blocks: 2560 x 6912 at 960 tokens 56.6 -> 47.5 us with 16, where shorter
+ * blocks or more of them were slower: log 2026-11-27-13; up to 64 tokens, where the cluster's
+ * exchange is small, 8: 13824 x 2560 at 17-64 tokens 10.6-10.9 -> 10.1-10.3 us, log 2026-12-02-10). */
+int wgmma_split(int64_t blocks, int64_t K, int sms, int wide_tiles) {
     int split = 1;
     while (split < 8) {
         const int64_t split_blocks = blocks * split * 2;
         const int64_t k_tiles = K / kTileK / (split * 2);
-        if (!(split_blocks <= sms ? k_tiles >= 4 : split_blocks <= 3 * sms && k_tiles >= 16)) break;
+        if (!(split_blocks <= sms ? k_tiles >= 4 : split_blocks <= 3 * sms && k_tiles >= wide_tiles)) break;
         split *= 2;
     }
     return split;
@@ -449,7 +450,7 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     if (wgmma && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
         const int tokens = N <= 64 || small_matrix ? 64 : 96;
         const int64_t blocks = bn_ceil_div(N, tokens) * bn_ceil_div(M, 128);
-        int split = wgmma_split(blocks, K, sms);
+        int split = wgmma_split(blocks, K, sms, N <= 64 ? 8 : 16);
         /* Small matrices past 128 tokens: K over clusters of 2 where each block keeps 4 tiles (2560 x
          * 2560 at 256 tokens 10.2 -> 9.6 us, H200: docs/log/2026-12-02.md#2026-12-02-8). */
         if (small_matrix && N > 128 && split == 1 && K / kTileK >= 8) split = 2;
@@ -464,7 +465,7 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
         const int tokens = GEMM_WGMMA_TOKENS ? GEMM_WGMMA_TOKENS : !large_x && wide ? 160 : 128;
         if (tokens == 160) return gemm_w2a8_sm90(device, a, 128, 160, true, 1, 0, 1, s);
         const int rows = GEMM_WGMMA_ROWS ? GEMM_WGMMA_ROWS : large_x ? 256 : 128;
-        const int split = rows == 128 ? wgmma_split(blocks_128, K, sms) : 1;
+        const int split = rows == 128 ? wgmma_split(blocks_128, K, sms, 16) : 1;
         /* More tiles than SMs: the tiles past the last whole wave of one per SM are split along K
          * into pieces of >= 16 tiles of K, as many as fill the SMs beside the waves (5120 x 27648 at
          * 960 tokens: 264 tiles whole, 56 in 2 pieces each, 303 -> 264 us; pieces of 5 and 10 tiles
