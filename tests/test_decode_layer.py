@@ -257,9 +257,11 @@ def device_int32(value):
 # and 4 float16 ulps 0.2%: no bound in ulps holds. So: the largest error within GPU_FLIP_BOUND of
 # max |h_ref|, and no more than GPU_SHARE of h's elements (measured 4.3%) off by more than
 # GPU_TYPICAL (4 bfloat16 ulps) of it; wrong wiring moves all of h by about its own size. A
-# written cache row: bit for bit as the unfused GPU sequence's (3000 of 3000: the input norm reads
-# h as the unfused kernel does); against the CPU within CACHE_ULPS of the dtype at the row's
-# largest value (a code at a tie, RoPE's fused multiply-adds; measured 2.1).
+# written cache row, against the unfused GPU sequence and against the CPU: within CACHE_ULPS of the
+# dtype at the row's largest value. The input norm's sum of squares is taken in another order than
+# either's, so a code at a near-tie can flip (against the unfused GPU sequence in 5 of 200 random
+# 2B4T layers, H200, moving the row by up to 2.04 of those ulps; RoPE's fused multiply-adds add to
+# it against the CPU; measured 2.1).
 GPU_FLIP_BOUND, GPU_TYPICAL, GPU_SHARE, CACHE_ULPS = 2.0 ** -4, 2.0 ** -6, 0.10, 4
 
 
@@ -295,7 +297,7 @@ def run_gpu_steps(rng, config, dtype, C, p0, steps):
         bn.decode_layer(config, layer, cpu, *cpu_caches, [p])
         for name, a, b, c in zip(("k", "v"), fused_caches, unfused_caches, cpu_caches):
             row = host(a, dtype)[p]
-            assert_same_bits(row, host(b, dtype)[p], f"{name}_cache row {p}")
+            assert_row_close(row, host(b, dtype)[p], dtype, f"{name}_cache row {p} against the unfused GPU")
             assert_row_close(row, c[p], dtype, f"{name}_cache row {p} against the CPU")
         h = host(fused, dtype)
         assert_h_close(h, host(unfused, dtype), f"GPU against unfused GPU, position {p}")
