@@ -407,7 +407,7 @@ bitnet_status launch_split(int split, int32_t device, const GemmArgs &a, cudaStr
  * clusters, up to one block per SM with >= 4 tiles of K each, or up to three with >= `wide_tiles`
  * (uneven waves of long blocks: 2560 x 6912 at 960 tokens 56.6 -> 47.5 us with 16, where shorter
  * blocks or more of them were slower: log 2026-11-27-13; up to 64 tokens, where the cluster's
- * exchange is small, 8: 13824 x 2560 at 17-64 tokens 10.6-10.9 -> 10.1-10.3 us, log 2026-12-02-10). */
+ * exchange is small, 8: 13824 x 2560 at 17-64 tokens 10.4-10.9 -> 10.0-10.3 us, log 2026-12-02-10). */
 int wgmma_split(int64_t blocks, int64_t K, int sms, int wide_tiles) {
     int split = 1;
     while (split < 8) {
