@@ -12,7 +12,8 @@ from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, Corrupt
 from .fused_norm import (gemv_w2a8_add_norm_stats, new_norm_stats, norm_stats_slots,
                          rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer_glue import glu_gate, gemv_w2a8_rope_append_kv, relu2_gate, rope_append_kv
+from .layer_glue import (attention_rope_append_kv, glu_gate, gemv_w2a8_rope_append_kv, relu2_gate,
+                         rope_append_kv)
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
                    rmsnorm_quantize)
 from .norm import glu_rmsnorm_partial, rmsnorm_partial
@@ -24,7 +25,8 @@ __all__ = [
     "DeviceArray", "Stream", "Event", "Graph", "detect", "select", "resolve", "quantize_i2s",
     "pack_ternary", "TernaryWeights", "quantize_a8", "gemv_w2a8", "cpu_isa", "set_cpu_isa",
     "rmsnorm", "add_rmsnorm", "rmsnorm_quantize", "relu2_rmsnorm_quantize", "attention",
-    "attention_workspace_size", "rope_append_kv", "gemv_w2a8_rope_append_kv", "relu2_gate",
+    "attention_workspace_size", "rope_append_kv", "attention_rope_append_kv",
+    "gemv_w2a8_rope_append_kv", "relu2_gate",
     "gemv_bf16", "argmax", "embedding", "add_int32", "glu_gate", "glu_rmsnorm_quantize", "sample", "library_version",
     "device_synchronize", "BitNetError", "InvalidArgumentError", "ArgumentTypeError",
     "UnsupportedError", "NoDeviceError", "OutOfMemoryError", "CudaError", "InternalError",

@@ -56,10 +56,7 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     if Hkv == 0 or Hq % Hkv:
         raise InvalidArgumentError(f"q has {Hq} heads, which is not a multiple of the {Hkv} "
                                    "heads of k and v")
-    if scale is not None:
-        scale = _arrays.number(scale, "scale")
-    if scale is not None and not math.isfinite(scale):
-        raise InvalidArgumentError(f"scale must be finite, got {scale}")
+    scale = attention_scale(scale)
     lens = _seq_lens(seq_lens, qa, B, Sq, C, causal)
     out, outa = _arrays.output(arrays, "out", out, qa, (B, Sq, Hq, D), qa.dtype)
     wsa = arrays["workspace"]
@@ -70,11 +67,21 @@ def attention(q, k, v, causal=True, scale=None, seq_lens=None, out=None, workspa
     ffi = _ffi.ffi
     _ffi.call("attention", device, DTYPE_CODES[qa.dtype], B, Sq, Hq, Hkv, D,
               qa.cptr(), ka.cptr(), arrays["v"].cptr(), C,
-              ffi.NULL if lens is None else lens.cptr("int32_t *"), int(bool(causal)),
-              0.0 if scale is None else float(scale), outa.cptr(),
+              ffi.NULL if lens is None else lens.cptr("int32_t *"), int(bool(causal)), scale,
+              outa.cptr(),
               ffi.NULL if wsa is None else wsa.cptr(),
               0 if wsa is None else wsa.size * _arrays.ITEMSIZE[wsa.dtype], handle)
     return out
+
+
+def attention_scale(scale):
+    """The scale as the C call takes it, checked: a finite float, 0.0 for None (1 / sqrt(D))."""
+    if scale is None:
+        return 0.0
+    scale = _arrays.number(scale, "scale")
+    if not math.isfinite(scale):
+        raise InvalidArgumentError(f"scale must be finite, got {scale}")
+    return float(scale)
 
 
 def attention_workspace_size(device, B, Sq, Hq, Hkv, D, C):

@@ -1,6 +1,6 @@
 """The glue of a BitNet layer around attention and the MLP: RoPE fused with the KV-cache append (also
-with the QKV projection before it, for one token), and the gate of the gated linear unit (squared
-ReLU or SiLU)."""
+with the QKV projection before it, for one token, or with the attention after it, for a decode
+step), and the gate of the gated linear unit (squared ReLU or SiLU)."""
 import math
 import numbers
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
+from .attention import attention_scale, attention_workspace_size
 from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 from .ternary import TernaryWeights
 
@@ -58,6 +59,79 @@ def rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, ou
     arrays, device, handle = _arrays.prepare(
         {"qkv": qkv, "k_cache": k_cache, "v_cache": v_cache, "out": out}, stream,
         writes=("k_cache", "v_cache", "out"), optional=("out",))
+    qkva, kc, (B, S, Hq, Hkv, D, C) = _qkv_and_caches(arrays)
+    theta = rope_theta(theta)
+    out, oa = _arrays.output(arrays, "out", out, qkva, (B, S, Hq, D), qkva.dtype)
+    pos = _positions(positions, qkva, B, S, C)
+    _ffi.call("rope_append_kv", device, DTYPE_CODES[qkva.dtype], B, S, Hq, Hkv, D, qkva.cptr(),
+              oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"),
+              float(theta), handle)
+    return out
+
+
+def attention_rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA,
+                             scale=None, out=None, workspace=None, stream=None):
+    """Attention of a decode step with RoPE and the KV-cache append: the values of
+    ``attention(rope_append_kv(qkv, k_cache, v_cache, positions, theta), k_cache, v_cache,
+    causal=True, scale=scale, seq_lens=positions + 1)`` without the rotated q in between (on a
+    GPU one kernel). One new token per sequence.
+
+    Parameters
+    ----------
+    qkv : array [B, 1, Hq + 2 Hkv, D]
+        Each sequence's new token: Hq query heads, then Hkv key heads, then Hkv value heads.
+        float16 or bfloat16 (float32 too on the CPU); D is 64, 128 or 256; on a GPU at most 64
+        query heads per KV head.
+    k_cache, v_cache : arrays [B, C, Hkv, D]
+        Row ``positions[b]`` of sequence b is written (rotated k, v), then keys
+        ``0 .. positions[b]`` are attended to.
+    positions : sequence of int, or int32 array [B] on qkv's device
+        Host values are checked (0 <= positions[b] < C) and uploaded explicitly for a GPU op
+        (a synchronous copy; pass a device array to stay asynchronous). For a device array the
+        host cannot check: on a GPU a sequence out of range gets NaN outputs and its cache rows
+        are left as they were.
+    theta : float
+        RoPE base (BitNet b1.58 uses 500000).
+    scale : float, optional
+        Defaults to 1 / sqrt(D).
+    out : array [B, 1, Hq, D], optional
+    workspace : uint8 array on qkv's device, optional
+        Split-KV scratch of ``attention_workspace_size(device, B, 1, Hq, Hkv, D, C)`` bytes;
+        allocated per call when None and needed. Pass one to make the call allocation-free (CUDA
+        graphs).
+    stream : optional
+        CUDA stream; by default the current stream of qkv's framework.
+
+    Returns
+    -------
+    out
+    """
+    arrays, device, handle = _arrays.prepare(
+        {"qkv": qkv, "k_cache": k_cache, "v_cache": v_cache, "out": out, "workspace": workspace},
+        stream, writes=("k_cache", "v_cache", "out", "workspace"), optional=("out", "workspace"))
+    qkva, kc, (B, S, Hq, Hkv, D, C) = _qkv_and_caches(arrays)
+    if S != 1:
+        raise InvalidArgumentError(f"qkv holds {S} tokens per sequence; attention_rope_append_kv "
+                                   "takes one (a decode step)")
+    theta = rope_theta(theta)
+    scale = attention_scale(scale)
+    out, oa = _arrays.output(arrays, "out", out, qkva, (B, 1, Hq, D), qkva.dtype)
+    pos = _positions(positions, qkva, B, 1, C)
+    wsa = arrays["workspace"]
+    if wsa is None:  # a given one's size is checked by the C call
+        ws_bytes = attention_workspace_size(device, B, 1, Hq, Hkv, D, C)
+        if ws_bytes:
+            wsa = _arrays.as_array(_arrays.new_like(qkva, (ws_bytes,), "uint8"), "workspace")
+    ffi = _ffi.ffi
+    _ffi.call("attention_rope_append_kv", device, DTYPE_CODES[qkva.dtype], B, Hq, Hkv, D,
+              qkva.cptr(), kc.cptr(), arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"),
+              float(theta), scale, oa.cptr(), ffi.NULL if wsa is None else wsa.cptr(),
+              0 if wsa is None else wsa.size * _arrays.ITEMSIZE[wsa.dtype], handle)
+    return out
+
+
+def _qkv_and_caches(arrays):
+    """qkv [B, S, Hq + 2 Hkv, D] and the caches [B, C, Hkv, D], checked; (B, S, Hq, Hkv, D, C)."""
     qkva = _arrays.check(arrays["qkv"], "qkv", FLOAT_DTYPES, (None, None, None, None))
     B, S, heads, D = qkva.shape
     kc = _arrays.check(arrays["k_cache"], "k_cache", qkva.dtype, (B, None, None, D))
@@ -67,19 +141,18 @@ def rope_append_kv(qkv, k_cache, v_cache, positions, theta=BITNET_ROPE_THETA, ou
     if Hq < 1:
         raise InvalidArgumentError(f"qkv: {heads} heads per token leave no query heads beside "
                                    f"2 x {Hkv} key and value heads (the caches' head count)")
-    theta = rope_theta(theta)
+    return qkva, kc, (B, S, Hq, Hkv, D, C)
+
+
+def _positions(positions, qkva, B, S, C):
+    """positions as an int32 Array on qkv's device: host values checked (S new tokens fit)."""
     def check_range(host):
         bad = np.flatnonzero((host < 0) | (host > C - S))
         if bad.size:
             raise InvalidArgumentError(f"positions[{bad[0]}] = {host[bad[0]]}: {S} new tokens do "
                                        f"not fit a cache of C = {C}")
 
-    out, oa = _arrays.output(arrays, "out", out, qkva, (B, S, Hq, D), qkva.dtype)
-    pos = _arrays.int32_per_row(positions, "positions", B, qkva, check_range)
-    _ffi.call("rope_append_kv", device, DTYPE_CODES[qkva.dtype], B, S, Hq, Hkv, D, qkva.cptr(),
-              oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), C, pos.cptr("int32_t *"),
-              float(theta), handle)
-    return out
+    return _arrays.int32_per_row(positions, "positions", B, qkva, check_range)
 
 
 def gemv_w2a8_rope_append_kv(w, x_q, s, k_cache, v_cache, position, theta=BITNET_ROPE_THETA,

@@ -25,7 +25,7 @@ from .errors import InvalidArgumentError
 from .fused_norm import (gemv_w2a8_add_norm_stats, norm_stats_slots, rmsnorm_gemv_w2a8,
                          rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
-from .layer_glue import gemv_w2a8_rope_append_kv, rope_append_kv
+from .layer_glue import attention_rope_append_kv, gemv_w2a8_rope_append_kv, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
                    rmsnorm_quantize)
 from .sampling import sample, sampling_settings
@@ -100,6 +100,14 @@ def qkv_rope_supported(config, layers, batch):
             and all(layer.qkv.block_scales is None for layer in layers))
 
 
+def rope_attention_supported(config, device):
+    """Whether a decode step can take attention_rope_append_kv for each layer's RoPE, KV-cache
+    append and attention: a head dim of 64, 128 or 256 and, on a GPU, at most 64 query heads per
+    KV head."""
+    return config.head_dim in (64, 128, 256) and (
+        device == _arrays.CPU or config.heads // config.kv_heads <= 64)
+
+
 def fuse_norms_supported(config, layers, batch):
     """Whether a decode step of `batch` sequences can take the input norms inside the GEMVs around
     them (bitnet_ffi.fused_norm): one sequence, a hidden size the GPU kernel takes (K <= 8192),
@@ -129,14 +137,20 @@ class Session:
     fuse_norms: where fuse_norms_supported, a one-sequence decode step runs each input norm inside
     the GEMVs around it: the o and down projections add to h and leave the norm's statistics, the
     QKV and gate|up projections quantize rmsnorm(h) from them (bitnet_ffi.fused_norm; the same
-    codes up to the float32 rounding of the sum of squares). On by default; off, for comparing."""
+    codes up to the float32 rounding of the sum of squares). On by default; off, for comparing.
+
+    fuse_rope_attention: where rope_attention_supported, a decode step that does not take the
+    QKV projection with RoPE (more than one sequence) runs RoPE, the KV-cache append and attention
+    as one ``attention_rope_append_kv`` op (the same values as the two ops it replaces; a decode
+    step's seq_lens are its positions + 1). On by default; off, for comparing."""
 
     KINDS = ("embedding", "rmsnorm (+int8)", "gemv_w2a8", "rope + kv append",
              "qkv + rope + kv append", "gemv_w2a8 + norm", "attention",
+             "rope + kv append + attention",
              "decode layer (fused)", "output head", "argmax", "bookkeeping")
 
     def __init__(self, weights, batch, capacity, device, fused=False, fuse_qkv_rope=True,
-                 fuse_norms=True):
+                 fuse_norms=True, fuse_rope_attention=True):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
         self.device = device
         self.stream = Stream(device) if device != _arrays.CPU else None
@@ -157,6 +171,7 @@ class Session:
         self.fused = fused
         self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(c, weights.layers, batch)
         self.fuse_norms = fuse_norms and fuse_norms_supported(c, weights.layers, batch)
+        self.fuse_rope_attention = fuse_rope_attention and rope_attention_supported(c, device)
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
@@ -302,11 +317,17 @@ class Session:
                 else:
                     self.project(layer.qkv, x_q, x_s, b["qkv"])
                 qkv = b["qkv"].reshape(self.batch, steps, c.heads + 2 * c.kv_heads, c.head_dim)
-                self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
-                        self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
-            self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
-                    causal=True, scale=c.attention_scale, seq_lens=self.seq_lens, out=b["attn"],
-                    workspace=b["workspace"])
+            if steps == 1 and not self.fuse_qkv_rope and self.fuse_rope_attention:
+                self.op("rope + kv append + attention", attention_rope_append_kv, qkv,
+                        self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta,
+                        scale=c.attention_scale, out=b["attn"], workspace=b["workspace"])
+            else:
+                if not (steps == 1 and self.fuse_qkv_rope):
+                    self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
+                            self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
+                self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
+                        causal=True, scale=c.attention_scale, seq_lens=self.seq_lens,
+                        out=b["attn"], workspace=b["workspace"])
             attn = _arrays.first_rows(b["attn"], N, c.q_dim)
             a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
@@ -460,11 +481,18 @@ class Session:
         breakdown = {}
         # the kinds the decode step issues: a fused layer replaces the per-layer projections, RoPE
         # and attention (its norms are inside it too; the final norm stays apart); otherwise RoPE
-        # comes with the QKV projection or apart, and the input norms inside the GEMVs or apart
+        # comes with the QKV projection, with attention or apart, and the input norms inside the
+        # GEMVs or apart
         absent = ({"gemv_w2a8", "rope + kv append", "qkv + rope + kv append", "gemv_w2a8 + norm",
-                   "attention"} if self.fused else {"decode layer (fused)"})
+                   "attention", "rope + kv append + attention"} if self.fused
+                  else {"decode layer (fused)"})
         if not self.fused:
-            absent.add("rope + kv append" if self.fuse_qkv_rope else "qkv + rope + kv append")
+            if self.fuse_qkv_rope:
+                absent |= {"rope + kv append", "rope + kv append + attention"}
+            elif self.fuse_rope_attention:
+                absent |= {"qkv + rope + kv append", "rope + kv append", "attention"}
+            else:
+                absent |= {"qkv + rope + kv append", "rope + kv append + attention"}
             if not self.fuse_norms:
                 absent.add("gemv_w2a8 + norm")
         kinds = [k for k in self.KINDS if k not in absent]

@@ -505,6 +505,15 @@ def valid_call(entry, mem, rng):
                                 k_cache=put(poison(cache, fd)), v_cache=put(poison(cache, fd)), C=6,
                                 positions=put(np.array([0, 3], np.int32)), theta=10000.0,
                                 stream=NULL), ("q", "k_cache", "v_cache"))
+    if entry == "attention_rope_append_kv":
+        qkv, q, cache = (2, 1, 8, 64), (2, 1, 4, 64), (2, 5, 2, 64)
+        return Call(entry, dict(device=d, dtype=code, B=2, Hq=4, Hkv=2, D=64,
+                                qkv=put(values(rng, qkv, fd)), k_cache=put(values(rng, cache, fd)),
+                                v_cache=put(values(rng, cache, fd)), C=5,
+                                positions=put(np.array([0, 4], np.int32)), theta=10000.0, scale=0.0,
+                                out=put(poison(q, fd)), workspace=put(poison((1 << 16,), "uint8")),
+                                workspace_bytes=1 << 16, stream=NULL),
+                    ("k_cache", "v_cache", "out"))
     if entry == "gemv_w2a8_rope_append_kv":  # Hq = 2, Hkv = 1, D = 8: 32 rows of K = 128
         return Call(entry, dict(device=d, dtype=code,
                                 w_packed=put(rng.integers(0, 255, 32 * 32, dtype=np.uint8)),

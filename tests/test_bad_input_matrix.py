@@ -63,7 +63,7 @@ WITHOUT_CUDA = (NO_DEVICE, "without CUDA")
 OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "gemv_w2a8",
               "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv",
-              "gemv_w2a8_rope_append_kv", "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8",
+              "attention_rope_append_kv", "gemv_w2a8_rope_append_kv", "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8",
               "rmsnorm_gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
               "decode_layer_workspace_size")
@@ -281,6 +281,27 @@ MUTATIONS = {
         Mutation("Hq", 3, INVALID, "not a multiple of Hkv"),
         Mutation("B", BIG, INVALID, "overflows"),
     ] + nulls("bytes"),
+    "attention_rope_append_kv": bad_devices()
+    + non_positive("must be positive", "B", "Hq", "Hkv", "D", "C") + [
+        Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("Hkv", 3, INVALID, "not a multiple of Hkv"),
+        Mutation("D", 96, UNSUPPORTED, "head_dim D = 96 is not supported"),
+        Mutation("D", 8192, INVALID, "too large"),
+        Mutation("B", BIG, INVALID, "overflows"),
+        Mutation("Hq", 130, UNSUPPORTED, "65 query heads per KV head; a GPU takes at most 64",
+                 "gpu"),
+        Mutation("theta", math.nan, INVALID, "theta must be finite"),
+        Mutation("theta", 1.0, INVALID, "theta must be finite and > 1"),
+        Mutation("scale", math.nan, INVALID, "scale must be finite"),
+        Mutation("scale", -math.inf, INVALID, "scale must be finite"),
+        Mutation("workspace_bytes", -1, INVALID, "workspace_bytes is negative"),
+        Mutation("positions", np.array([0, 5], np.int32), INVALID, "outside the cache", "cpu"),
+        Mutation("positions", np.array([-1, 0], np.int32), INVALID, "outside the cache", "cpu"),
+    ] + pointers("qkv", "k_cache", "v_cache", "positions", "out",
+                 aligned=("qkv", "k_cache", "v_cache", "positions", "out"))
+      + overlaps(("out", "qkv", ("qkv", "out")), ("v_cache", "k_cache", ("k_cache", "v_cache")),
+                 ("positions", "out", ("positions", "out"))),
     "gemv_w2a8_rope_append_kv": bad_devices()
     + non_positive("must be positive", "Hq", "Hkv", "D", "C") + non_positive(TERNARY, "K") + [
         Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
@@ -697,7 +718,33 @@ def python_cases(rng):
     ro_gate_out, ro_att_out, ro_rout = read_only(gate_out), read_only(att_out), read_only(rout)
     ro_cache, ro_index, ro_counter = read_only(cache), read_only(index), read_only(counter)
     ro_gy = read_only(gy)
+    aqkv, acache, aout = f32(rng, 2, 1, 8, 64), f32(rng, 2, 5, 2, 64), nan_like((2, 1, 4, 64))
+    ro_aout, acache2 = read_only(aout), acache.copy()
     return [
+        ("attention_rope two tokens", lambda: bn.attention_rope_append_kv(
+            f32(rng, 2, 2, 8, 64), acache, acache2, [0, 3], out=aout),
+         InvalidArgumentError, "takes one (a decode step)", [aout, acache, acache2]),
+        ("attention_rope positions range", lambda: bn.attention_rope_append_kv(
+            aqkv, acache, acache2, [0, 5], out=aout),
+         InvalidArgumentError, "positions[1] = 5: 1 new tokens do not fit", [aout, acache, acache2]),
+        ("attention_rope positions count", lambda: bn.attention_rope_append_kv(
+            aqkv, acache, acache2, [0], out=aout),
+         InvalidArgumentError, "positions", [aout, acache, acache2]),
+        ("attention_rope theta 1", lambda: bn.attention_rope_append_kv(
+            aqkv, acache, acache2, [0, 3], theta=1.0, out=aout),
+         InvalidArgumentError, "theta must be finite and > 1", [aout, acache, acache2]),
+        ("attention_rope scale nan", lambda: bn.attention_rope_append_kv(
+            aqkv, acache, acache2, [0, 3], scale=math.nan, out=aout),
+         InvalidArgumentError, "scale must be finite", [aout, acache, acache2]),
+        ("attention_rope one cache for k and v", lambda: bn.attention_rope_append_kv(
+            aqkv, acache, acache, [0, 3], out=aout),
+         InvalidArgumentError, "overlap", [aout, acache]),
+        ("attention_rope read-only out", lambda: bn.attention_rope_append_kv(
+            aqkv, acache, acache2, [0, 3], out=ro_aout),
+         InvalidArgumentError, "read-only", [ro_aout, acache, acache2]),
+        ("attention_rope no query heads", lambda: bn.attention_rope_append_kv(
+            aqkv[:, :, :4].copy(), acache, acache2, [0, 3], out=aout),
+         InvalidArgumentError, "leave no query heads", [aout, acache, acache2]),
         ("rmsnorm weight shape", lambda: bn.rmsnorm(x, w[:7], out=y), InvalidArgumentError,
          "weight: expected shape [8]", [y]),
         ("rmsnorm weight dtype", lambda: bn.rmsnorm(x, w.astype(np.float16), out=y),

@@ -158,10 +158,12 @@ def test_time_decode_times_real_steps_and_puts_the_positions_back(rng):
         session.decode()
     positions = timed.download(timed.positions).copy()
     step_ms, op_ms = timed.time_decode(replays=7)  # 8 + 7 = 15 of the 16 rows
-    # an unfused step of two sequences issues every kind but the fused layer's and the
-    # one-sequence forms (the QKV projection with RoPE, the GEMVs with the input norms)
+    # an unfused step of two sequences issues every kind but the fused layer's, the one-sequence
+    # forms (the QKV projection with RoPE, the GEMVs with the input norms) and the two ops that
+    # attention_rope_append_kv replaces
     assert step_ms > 0 and set(op_ms) == set(Session.KINDS) - {
-        "decode layer (fused)", "qkv + rope + kv append", "gemv_w2a8 + norm"}
+        "decode layer (fused)", "qkv + rope + kv append", "gemv_w2a8 + norm", "rope + kv append",
+        "attention"}
     np.testing.assert_array_equal(timed.download(timed.positions), positions)
     np.testing.assert_array_equal(timed.decode(), untimed.decode())
     with pytest.raises(InvalidArgumentError, match="overflow the KV cache of 16"):

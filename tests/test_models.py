@@ -801,7 +801,7 @@ def test_cli_errors_are_clear(capsys, tmp_path):
 
 def teacher_forced(model, ref, **session_options):
     """(tokens, float64 logits of each step) of a one-sequence Session (session_options: its
-    fused, fuse_qkv_rope or fuse_norms) prefilled with the reference's prompt and decoded along
+    fused, fuse_qkv_rope, fuse_norms or fuse_rope_attention) prefilled with the reference's prompt and decoded along
     transformers' tokens."""
     from bitnet_ffi.model import Session
     session = Session(model.weights, 1, 128, model.device, **session_options)
@@ -825,6 +825,23 @@ def test_fused_qkv_rope_gives_the_unfused_logits(name, device):
     ref = reference(name)
     tokens, logits = teacher_forced(model, ref, fuse_qkv_rope=False)
     fused_tokens, fused_logits = teacher_forced(model, ref, fuse_qkv_rope=True)
+    np.testing.assert_array_equal(fused_logits, logits)
+    assert fused_tokens == tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["bitnet-packed", "llama-silu", "bitnet-padded"])
+def test_fused_rope_attention_gives_the_unfused_logits(name, device):
+    """A decode step whose RoPE, KV-cache append and attention are one attention_rope_append_kv op
+    (the default where the QKV projection does not take RoPE: more than one sequence, here one
+    with fuse_qkv_rope off) against the step that runs rope_append_kv then attention,
+    teacher-forced along transformers' tokens: the same logits bit for bit on the CPU and on a
+    GPU, so the same greedy tokens."""
+    model = Model.load(fixture(name), device=device, progress=False)
+    ref = reference(name)
+    tokens, logits = teacher_forced(model, ref, fuse_qkv_rope=False, fuse_rope_attention=False)
+    fused_tokens, fused_logits = teacher_forced(model, ref, fuse_qkv_rope=False,
+                                                fuse_rope_attention=True)
     np.testing.assert_array_equal(fused_logits, logits)
     assert fused_tokens == tokens
 

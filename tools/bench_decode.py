@@ -4,11 +4,15 @@ GPU: 2B4T shapes, batch 1, the KV cache filled to each context length by a prefi
 CUDA graph timed by replays (Session.time_decode), the per-op breakdown of each, and whether the
 two give the same greedy tokens over --tokens steps from the same prompt.
     python tools/bench_decode.py [--contexts 1024 4096] [--layers 30] [--tokens 32] [--json out]
-        [--fused-only | --unfused-only] [--no-qkv-rope] [--no-fused-norms]
+        [--fused-only | --unfused-only [--batch B]] [--no-qkv-rope] [--no-fused-norms]
+        [--no-rope-attention]
 A row's "us" is the fused step's µs, or with --unfused-only the op sequence's (for
-tools/dev/ab_variants.sh's table). --no-qkv-rope: the op sequence runs the QKV projection and RoPE as
-two ops (Session(fuse_qkv_rope=False)), not as gemv_w2a8_rope_append_kv. --no-fused-norms: the op
-sequence runs the input norms as ops of their own (Session(fuse_norms=False)), not inside the GEMVs.
+tools/dev/ab_variants.sh's table). --batch: sequences per step (the fused layer takes one, so more
+need --unfused-only). --no-qkv-rope: the op sequence runs the QKV projection and RoPE as two ops
+(Session(fuse_qkv_rope=False)), not as gemv_w2a8_rope_append_kv. --no-fused-norms: the op sequence
+runs the input norms as ops of their own (Session(fuse_norms=False)), not inside the GEMVs.
+--no-rope-attention: where the QKV projection does not take RoPE, RoPE and attention run as two ops
+(Session(fuse_rope_attention=False)), not as attention_rope_append_kv.
 """
 import argparse
 import json
@@ -38,21 +42,28 @@ def main():
                         help="the QKV projection and RoPE as two ops")
     parser.add_argument("--no-fused-norms", action="store_true",
                         help="the input norms as ops of their own")
+    parser.add_argument("--no-rope-attention", action="store_true",
+                        help="RoPE and attention as two ops")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per step")
     parser.add_argument("--json", help="write the result here")
     args = parser.parse_args()
+    if args.batch != 1 and not args.unfused_only:
+        parser.error("--batch other than 1 needs --unfused-only (a fused layer takes one sequence)")
     config = Config(**{**BITNET_2B4T.__dict__, "layers": args.layers})
     weights = random_weights(config, args.device, seed=0)
     paths = (True,) if args.fused_only else (False,) if args.unfused_only else (False, True)
     rows = []
     for context in args.contexts:
-        prompt = np.random.default_rng(context).integers(0, config.vocab, (1, context - 1))
-        row = {"context": context, "layers": args.layers}
+        prompt = np.random.default_rng(context).integers(0, config.vocab,
+                                                         (args.batch, context - 1))
+        row = {"context": context, "layers": args.layers, "batch": args.batch}
         tokens = {}
         for fused in paths:
             name = "fused" if fused else "unfused"
-            session = Session(weights, 1, context + args.tokens + REPLAYS + 1, args.device,
-                              fused=fused, fuse_qkv_rope=not args.no_qkv_rope,
-                              fuse_norms=not args.no_fused_norms)
+            session = Session(weights, args.batch, context + args.tokens + REPLAYS + 1,
+                              args.device, fused=fused, fuse_qkv_rope=not args.no_qkv_rope,
+                              fuse_norms=not args.no_fused_norms,
+                              fuse_rope_attention=not args.no_rope_attention)
             first = session.prefill(prompt)
             step_ms, op_ms = session.time_decode(REPLAYS)
             tokens[name] = [int(first[0])] + [int(session.decode()[0]) for _ in range(args.tokens)]

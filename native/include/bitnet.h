@@ -295,6 +295,26 @@ bitnet_status bitnet_rope_append_kv(int32_t device, int32_t dtype, int64_t B, in
                                     void *v_cache /* [B, C, Hkv, D] */, int64_t C,
                                     const int32_t *positions /* [B] */, float theta, void *stream);
 
+/* Attention of a decode step (one new token per sequence) with RoPE and the KV-cache append: the
+ * values of bitnet_rope_append_kv(qkv, k_cache, v_cache, positions, theta) with S = 1, then
+ * bitnet_attention(its q, k_cache, v_cache, seq_lens = positions + 1, causal = 1, scale, out); the
+ * rotated q is not stored. The sizes, dtypes and scale of bitnet_attention apply with Sq = 1, and
+ * its workspace (bitnet_attention_workspace_size with Sq = 1); theta as bitnet_rope_append_kv.
+ * positions: int32 [B] in the op's memory, 0 <= positions[b] < C (checked on the CPU; on a GPU a
+ * sequence out of range gets NaN outputs and its cache rows are left as they were). On a GPU one
+ * kernel (at most 64 query heads per KV head): the decode attention kernel rotates each block's q
+ * rows as it loads them, and the block whose keys hold p places the new k and v rows among them
+ * and writes them to the cache. */
+bitnet_status bitnet_attention_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t Hq,
+                                              int64_t Hkv, int64_t D,
+                                              const void *qkv /* [B, 1, Hq + 2 Hkv, D] */,
+                                              void *k_cache /* [B, C, Hkv, D] */,
+                                              void *v_cache /* [B, C, Hkv, D] */, int64_t C,
+                                              const int32_t *positions /* [B] */, float theta,
+                                              float scale, void *out /* [B, 1, Hq, D] */,
+                                              void *workspace /* [workspace_bytes] or NULL */,
+                                              int64_t workspace_bytes, void *stream);
+
 /* The fused QKV projection of one token with RoPE and the KV-cache append (a decode step of one
  * sequence): the same values as bitnet_gemv_w2a8 of the M = (Hq + 2 Hkv) D rows into a qkv row
  * of `dtype` (y_dtype = dtype, a dtype of bitnet_rope_append_kv), then bitnet_rope_append_kv of

@@ -28,9 +28,8 @@ int64_t bn_attention_workspace_bytes(int64_t num_splits, int64_t B, int64_t Sq, 
     return num_splits > 1 ? num_splits * B * Sq * Hq * (D + 2) * (int64_t)sizeof(float) : 0;
 }
 
-/* Checks the sizes shared by both entry points; *q_count and *kv_count get the element counts. */
-static bitnet_status check_sizes(const char *fn, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
-                                 int64_t D, int64_t C, int64_t *q_count, int64_t *kv_count) {
+bitnet_status bn_attention_check_sizes(const char *fn, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                                       int64_t D, int64_t C, int64_t *q_count, int64_t *kv_count) {
     BN_CHECK(B > 0 && Sq > 0 && Hq > 0 && Hkv > 0 && D > 0 && C > 0,
              "%s: B, Sq, Hq, Hkv, D and C must be positive, got %lld, %lld, %lld, %lld, %lld, %lld",
              fn, (long long)B, (long long)Sq, (long long)Hq, (long long)Hkv, (long long)D,
@@ -49,8 +48,8 @@ static bitnet_status check_sizes(const char *fn, int64_t B, int64_t Sq, int64_t 
     return bn_check_size(fn, *kv_count, 4);
 }
 
-static bitnet_status num_splits_for(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
-                                    int64_t D, int64_t C, int64_t *splits) {
+bitnet_status bn_attention_splits(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                                  int64_t D, int64_t C, int64_t *splits) {
     *splits = 1;
     if (device == BITNET_DEVICE_CPU) return BITNET_OK;
     int32_t sm_count = 0;
@@ -65,8 +64,8 @@ bitnet_status bitnet_attention_workspace_size(int32_t device, int64_t B, int64_t
     BN_CHECK(bytes, "%s: bytes is NULL", fn);
     BN_TRY(bn_check_device(device));
     int64_t q_count = 0, kv_count = 0, splits = 1;
-    BN_TRY(check_sizes(fn, B, Sq, Hq, Hkv, D, C, &q_count, &kv_count));
-    BN_TRY(num_splits_for(device, B, Sq, Hq, Hkv, D, C, &splits));
+    BN_TRY(bn_attention_check_sizes(fn, B, Sq, Hq, Hkv, D, C, &q_count, &kv_count));
+    BN_TRY(bn_attention_splits(device, B, Sq, Hq, Hkv, D, C, &splits));
     *bytes = bn_attention_workspace_bytes(splits, B, Sq, Hq, D);
     return BITNET_OK;
 }
@@ -80,7 +79,7 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
     int on_gpu = device != BITNET_DEVICE_CPU;
     BN_TRY(bn_check_activation_dtype(fn, device, dtype));
     int64_t q_count = 0, kv_count = 0;
-    BN_TRY(check_sizes(fn, B, Sq, Hq, Hkv, D, C, &q_count, &kv_count));
+    BN_TRY(bn_attention_check_sizes(fn, B, Sq, Hq, Hkv, D, C, &q_count, &kv_count));
     if (D != 64 && D != 128 && D != 256)
         return bn_fail(BITNET_ERR_UNSUPPORTED,
                        "%s: head_dim D = %lld is not supported (64, 128 or 256)", fn, (long long)D);
@@ -93,7 +92,7 @@ bitnet_status bitnet_attention(int32_t device, int32_t dtype, int64_t B, int64_t
              (long long)workspace_bytes);
 
     int64_t splits = 1;
-    BN_TRY(num_splits_for(device, B, Sq, Hq, Hkv, D, C, &splits));
+    BN_TRY(bn_attention_splits(device, B, Sq, Hq, Hkv, D, C, &splits));
     const int64_t needed = bn_attention_workspace_bytes(splits, B, Sq, Hq, D); /* 0: none used */
     BN_CHECK(workspace_bytes >= needed,
              "%s: workspace of %lld bytes is too small, these sizes need %lld "

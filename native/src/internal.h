@@ -334,6 +334,25 @@ bitnet_status bn_cuda_attention(int32_t device, int32_t dtype, int64_t B, int64_
                                 int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
                                 int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
                                 void *out, void *workspace, int64_t num_splits, void *stream);
+/* bitnet_attention_rope_append_kv (arguments checked): the CPU runs the two ops it fuses
+ * (cpu/attention_rope_append_kv.c); the GPU the decode attention kernel, which rotates the new
+ * token's q and k and places its k and v row itself (cuda/attention_decode.cu). */
+bitnet_status bn_cpu_attention_rope_append_kv(int32_t dtype, int64_t B, int64_t Hq, int64_t Hkv,
+                                              int64_t D, const void *qkv, void *k_cache,
+                                              void *v_cache, int64_t C, const int32_t *positions,
+                                              float theta, float scale, void *out);
+bitnet_status bn_cuda_attention_rope_append_kv(int32_t device, int32_t dtype, int64_t B, int64_t Hq,
+                                               int64_t Hkv, int64_t D, const void *qkv, void *k_cache,
+                                               void *v_cache, int64_t C, const int32_t *positions,
+                                               float theta, float scale, void *out, void *workspace,
+                                               int64_t num_splits, void *stream);
+/* The checks that bitnet_attention and bitnet_attention_rope_append_kv share (attention.c): the
+ * sizes (*q_count, *kv_count: the element counts of q and of k), and the split count of a GPU
+ * decode (1 on the CPU). */
+bitnet_status bn_attention_check_sizes(const char *fn, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                                       int64_t D, int64_t C, int64_t *q_count, int64_t *kv_count);
+bitnet_status bn_attention_splits(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
+                                  int64_t D, int64_t C, int64_t *splits);
 bitnet_status bn_cpu_rope_append_kv(int32_t dtype, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
                                     int64_t D, const void *qkv, void *q, void *k_cache,
                                     void *v_cache, int64_t C, const int32_t *positions, float theta);

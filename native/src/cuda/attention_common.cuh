@@ -9,11 +9,14 @@
 
 /* The two paths of bn_cuda_attention (attention.cu): decode (split-KV, attention_decode.cu) where
  * bn_attention_uses_decode, else prefill (tensor-core tiles, attention_prefill.cu). The caller has
- * entered the device and checked its compute capability. */
+ * entered the device and checked its compute capability. Decode with positions (NULL for plain
+ * attention) is bitnet_attention_rope_append_kv: q is the qkv rows, k and v the caches it writes,
+ * Sq = 1, causal, no seq_lens. */
 bitnet_status bn_cuda_attention_decode(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
                                        int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
-                                       int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
-                                       void *out, void *workspace, int64_t num_splits, cudaStream_t stream);
+                                       int64_t C, const int32_t *seq_lens, const int32_t *positions,
+                                       float theta, int32_t causal, float scale, void *out, void *workspace,
+                                       int64_t num_splits, cudaStream_t stream);
 bitnet_status bn_cuda_attention_prefill(int32_t device, int32_t dtype, int64_t B, int64_t Sq,
                                         int64_t Hq, int64_t Hkv, int64_t D, const void *q,
                                         const void *k, const void *v, int64_t C,

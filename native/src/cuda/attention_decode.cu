@@ -9,6 +9,10 @@
  *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
  * - split path: about 3 blocks per SM (1 at D = 256, whose 2 stages take 136 KB), 2 tile stages,
  *   partials in the workspace and a merge kernel. D = 256 always takes it.
+ * The NEW_TOKEN kernels are bitnet_attention_rope_append_kv: q is a decode step's qkv rows; each block
+ * rotates its q rows (RoPE) into shared memory once its first loads are issued, and the block
+ * whose keys hold the new token's position p places the rotated k row and the v row among them
+ * (the copy from the cache stops below p) and writes them to the cache (see NewToken).
  * Before waiting for the previous kernel (programmatic dependent launch), each block prefetches its
  * first tiles into L2 when there are no seq_lens (L = C): see prefetch_tiles. Bytes moved: the K
  * and V rows up to seq_len. Tiles with keys that the causal mask hides from some rows are scanned
@@ -120,13 +124,38 @@ struct NoInbox {};
 
 /* Shared memory of one block: the K and V tile stages and the q rows, 16-byte chunks XOR-swizzled
  * for ldmatrix. After the key loop the tiles hold the warps' partial results. */
-template <int D, bool CLUSTER, int STAGES>
+/* A new token's RoPE cos and sin, its rotated k row and its v row (NEW_TOKEN kernels). */
+template <int D>
+struct NewRows {
+    float cos[D / 2], sin[D / 2];
+    uint4 k[D / 8], v[D / 8];
+};
+template <int D, bool CLUSTER, int STAGES, bool NEW_TOKEN>
 struct DecodeShared {
     uint4 k[STAGES][kTileKeys][D / 8];
     uint4 v[STAGES][kTileKeys][D / 8];
     uint4 q[kRows][D / 8];
     std::conditional_t<CLUSTER, ClusterInbox<D>, NoInbox> inbox;
+    std::conditional_t<NEW_TOKEN, NewRows<D>, NoInbox> new_rows;
 };
+
+/* bitnet_attention_rope_append_kv (the NEW_TOKEN kernels): q points at a decode step's qkv rows
+ * ([B, 1, Hq + 2 Hkv, D]), whose q and k heads the kernel rotates (RoPE) and whose k and v rows it
+ * appends to the cache at p = positions[b], then attends to keys 0 .. p. */
+template <typename T>
+struct NewToken {
+    const int32_t *positions;
+    T *k_cache, *v_cache;
+    double log2_theta;
+};
+
+/* The keys a sequence attends to: positions[b] + 1 for a new token (0, which valid_seq_len
+ * refuses, where that position is outside [0, C)), else seq_lens[b], or all C without them. */
+template <bool NEW_TOKEN>
+__device__ __forceinline__ int sequence_keys(const int32_t *seq_lens, const int32_t *positions, int b, int C) {
+    if constexpr (NEW_TOKEN) return positions[b] >= 0 && positions[b] < C ? positions[b] + 1 : 0;
+    return seq_lens ? seq_lens[b] : C;
+}
 /* Rows padded by 8 floats: a warp's float2 stores of its accumulator fragments (rows g, columns 2t)
  * then hit 32 different banks; unpadded they conflict 8 ways (docs/log/2026-11-22.md#2026-11-22-10). */
 constexpr int kCombinePad = 8;
@@ -313,22 +342,86 @@ __device__ __forceinline__ void write_nan_rows(T *__restrict__ out, int rows, Ou
         out[out_row(i / D) * D + i % D] = from_float<T>(__int_as_float(0x7fc00000));
 }
 
-/* The key loop's prologue: the first `AHEAD` tiles of this block, one cp.async group each; the first
- * group also brings the block's q rows (rows past `rows` become zeros). */
+/* The key loop's prologue: the first `AHEAD` tiles of this block (keys below keys_end), one cp.async
+ * group each; unless a new token's q is rotated into place (load_q false), the first group also
+ * brings the block's q rows (rows past `rows` become zeros). */
 template <typename T, int D, int AHEAD, typename Shared, typename TileAt, typename OutRow>
 __device__ __forceinline__ void issue_first_tiles(Shared &sm, const T *k_head, const T *v_head, int64_t stride,
-                                                  const T *__restrict__ q, int rows, int tile_count,
-                                                  TileAt tile_at, OutRow out_row, int L) {
+                                                  const T *__restrict__ q, bool load_q, int rows,
+                                                  int tile_count, TileAt tile_at, OutRow out_row,
+                                                  int keys_end) {
     constexpr int kChunks = D / 8;
     for (int i = 0; i < AHEAD; i++) {
         if (i < tile_count)
-            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, L);
-        for (int j = threadIdx.x; i == 0 && j < kRows * kChunks; j += kThreads) {
+            load_tile<T, D>(sm.k[i], sm.v[i], k_head, v_head, stride, tile_at(i) * kTileKeys, keys_end);
+        for (int j = threadIdx.x; load_q && i == 0 && j < kRows * kChunks; j += kThreads) {
             int r = j / kChunks, chunk = j % kChunks;
             cp_async_16(&sm.q[r][swizzle(r, chunk)], q + (r < rows ? out_row(r) * D + chunk * 8 : 0),
                         r < rows);
         }
         cp_async_commit();
+    }
+}
+
+/* A new token's prologue, after the block's first loads are issued: RoPE's cos and sin of position
+ * p (float64, rounded to float32) and the rotated q rows, in shared memory as the key loop reads
+ * them (rows past `rows` zeros); where `appends` (the block whose keys hold p), its rotated k row
+ * and its v row too, which the first row block of its KV head also writes to the cache. The
+ * arithmetic is bitnet_rope_append_kv's (bn_rope_angle, bn_rope_rotate), so the values are that
+ * op's. Ends with a barrier. */
+template <typename T, int D, typename Shared, typename QRow>
+__device__ void rotate_new_token(Shared &sm, const NewToken<T> &token, const T *__restrict__ qkv, int rows,
+                                 QRow q_row, int p, bool appends, const T *k_row, const T *v_row,
+                                 int64_t cache_row, bool writes_cache) {
+    constexpr int kHalf = D / 2;
+    auto &rope = sm.new_rows;
+    for (int i = threadIdx.x; i < kHalf; i += kThreads) {
+        double sin_d, cos_d;
+        sincos(bn_rope_angle(p, i, D, token.log2_theta), &sin_d, &cos_d);
+        rope.cos[i] = (float)cos_d;
+        rope.sin[i] = (float)sin_d;
+    }
+    __syncthreads();
+    auto element = [](uint4 *row, int r, int e) -> T & {
+        return reinterpret_cast<T *>(&row[swizzle(r, e / 8)])[e % 8];
+    };
+    for (int j = threadIdx.x; j < kRows * kHalf; j += kThreads) {
+        const int r = j / kHalf, i = j % kHalf;
+        T lo = from_float<T>(0.0f), hi = lo;
+        if (r < rows) {
+            const T *src = qkv + q_row(r) * D;
+            bn_rope_rotate(to_float(src[i]), to_float(src[i + kHalf]), rope.cos[i], rope.sin[i], lo, hi);
+        }
+        element(sm.q[r], r, i) = lo;
+        element(sm.q[r], r, i + kHalf) = hi;
+    }
+    if (appends) {
+        T *new_k = reinterpret_cast<T *>(rope.k), *new_v = reinterpret_cast<T *>(rope.v);
+        for (int i = threadIdx.x; i < kHalf; i += kThreads) {
+            bn_rope_rotate(to_float(k_row[i]), to_float(k_row[i + kHalf]), rope.cos[i], rope.sin[i],
+                           new_k[i], new_k[i + kHalf]);
+            new_v[i] = v_row[i], new_v[i + kHalf] = v_row[i + kHalf];
+            if (writes_cache) {
+                token.k_cache[cache_row + i] = new_k[i], token.k_cache[cache_row + i + kHalf] = new_k[i + kHalf];
+                token.v_cache[cache_row + i] = new_v[i], token.v_cache[cache_row + i + kHalf] = new_v[i + kHalf];
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* A new token's k and v rows into the stage that holds its key, `key` of the tile. The stage's copy
+ * left that row zero (its loads end below the key); each of its chunks is written by the thread
+ * that issued its copy (load_tile's order), after that thread's wait for it, so no barrier is
+ * needed before the one that follows the wait. */
+template <int D>
+__device__ __forceinline__ void place_new_row(uint4 (*k_stage)[D / 8], uint4 (*v_stage)[D / 8], const uint4 *new_k,
+                                              const uint4 *new_v, int key) {
+    constexpr int kChunks = D / 8;
+    const int chunk = ((int)threadIdx.x - key * kChunks % kThreads + kThreads) % kThreads;
+    if (chunk < kChunks) {
+        k_stage[key][swizzle(key, chunk)] = new_k[chunk];
+        v_stage[key][swizzle(key, chunk)] = new_v[chunk];
     }
 }
 
@@ -463,12 +556,12 @@ __device__ __forceinline__ void accumulate_pv(const uint4 (*v_tile)[D / 8], floa
  * clusters that start only once the previous call ends) misses the constant cache on each line of
  * parameters in turn, and the prologue's share the first (44 bytes)
  * (docs/log/2026-11-24.md#2026-11-24-9). */
-template <typename T, int D, bool CLUSTER, int STAGES>
+template <typename T, int D, bool CLUSTER, int STAGES, bool NEW_TOKEN>
 __global__ void __launch_bounds__(kThreads)
 decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, const T *__restrict__ v, int C,
               SmallDivisor splits, SmallDivisor kv_heads, const T *__restrict__ q, SmallDivisor group, int Sq,
               int Hq, int causal, float scale_log2, T *__restrict__ out,
-              float *__restrict__ partial_out, float *__restrict__ partial_ml) {
+              float *__restrict__ partial_out, float *__restrict__ partial_ml, NewToken<T> token) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     if (CLUSTER) return; /* launched on sm_90 only (cluster_splits): no code for older GPUs */
 #endif
@@ -483,7 +576,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
      * path has only 2 stages. */
     constexpr int kAhead = CLUSTER && STAGES > kLazyRescaleStages ? kStageCount - 2 : kStageCount - 1;
     extern __shared__ __align__(16) unsigned char smem_bytes[];
-    auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES> *>(smem_bytes);
+    auto &sm = *reinterpret_cast<DecodeShared<D, CLUSTER, STAGES, NEW_TOKEN> *>(smem_bytes);
     auto &combine = *reinterpret_cast<DecodeCombine<D> *>(smem_bytes);
     const int Hkv = (int)kv_heads.d, num_splits = (int)splits.d;
     const int split = blockIdx.x, kvh = kv_heads.mod(blockIdx.y), b = blockIdx.z;
@@ -502,31 +595,42 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     auto tile_at = [=](int i) { return split + i * num_splits; };
     const int row0 = kv_heads.div(blockIdx.y) * kRows;
     const int rows = min(kRows, Sq * (int)group.d - row0);
-    /* Without seq_lens, L = C is known before the wait, and so are the first tiles: prefetch them.
-     * With seq_lens, L may come from the previous kernel: nothing is prefetched, since guessing
-     * L = C would fetch tiles past L. */
-    if (seq_lens == nullptr) {
+    /* Without seq_lens or positions, L = C is known before the wait, and so are the first tiles:
+     * prefetch them. Otherwise L may come from the previous kernel: nothing is prefetched, since
+     * guessing L = C would fetch tiles past L. */
+    if (!NEW_TOKEN && seq_lens == nullptr) {
         split_tiles(C);
         const int n = min(tile_count, prefetch_tiles<CLUSTER, STAGES>(tile_count));
         for (int i = 0; i < n; i++)
             prefetch_keys_l2<T, D>(k_head, v_head, stride, tile_at(i) * kTileKeys,
                                    min(C, (tile_at(i) + 1) * kTileKeys));
     }
-    bn_pdl_wait(); /* q, the cache and seq_lens may come from the previous kernel */
+    bn_pdl_wait(); /* q, the cache, seq_lens and positions may come from the previous kernel */
     BN_TIMELINE(timeline.at(1);)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-    const int L = seq_lens ? seq_lens[b] : C;
-    auto out_row = [=](int r) { /* the row of out (and of q) that block row r is */
+    const int L = sequence_keys<NEW_TOKEN>(seq_lens, token.positions, b, C);
+    const int q_heads = NEW_TOKEN ? Hq + 2 * Hkv : Hq; /* per token in q, or in qkv */
+    auto head_row = [=](int r, int heads) { /* block row r's row of an array of `heads` per token */
         int row = row0 + r;
-        return ((int64_t)b * Sq + group.div(row)) * Hq + kvh * (int)group.d + group.mod(row);
+        return ((int64_t)b * Sq + group.div(row)) * heads + kvh * (int)group.d + group.mod(row);
     };
+    auto out_row = [=](int r) { return head_row(r, Hq); };
+    auto q_row = [=](int r) { return head_row(r, q_heads); };
     if (!valid_seq_len(L, C, Sq, causal)) {
         if (num_splits == 1 || (CLUSTER && split == 0)) write_nan_rows<T, D>(out, rows, out_row);
         return; /* the whole cluster returns here; with a merge kernel, it writes the NaNs */
     }
-    if (seq_lens) split_tiles(L); /* without, L = C: counted above */
+    if (NEW_TOKEN || seq_lens) split_tiles(L); /* else L = C: counted above */
 
-    issue_first_tiles<T, D, kAhead>(sm, k_head, v_head, stride, q, rows, tile_count, tile_at, out_row, L);
+    /* A new token's key, the last, is not copied from the cache but placed from its qkv row. */
+    const int keys_end = NEW_TOKEN ? L - 1 : L, new_tile = NEW_TOKEN ? (L - 1) / kTileKeys : -1;
+    issue_first_tiles<T, D, kAhead>(sm, k_head, v_head, stride, q, !NEW_TOKEN, rows, tile_count,
+                                    tile_at, q_row, keys_end);
+    if constexpr (NEW_TOKEN) {
+        const T *k_row = q + ((int64_t)b * q_heads + Hq + kvh) * D, *v_row = k_row + (int64_t)Hkv * D;
+        rotate_new_token<T, D>(sm, token, q, rows, q_row, L - 1, new_tile % num_splits == split, k_row, v_row,
+                               (((int64_t)b * C + L - 1) * Hkv + kvh) * D, row0 == 0);
+    }
 
     /* Here, behind the first loads: the fence of its mbarrier's initialization delays whatever
      * follows it, so it must not precede the PDL wait or the loads
@@ -551,7 +655,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         if (ahead < tile_count) {
             const int ahead_stage = ahead % kStageCount;
             load_tile<T, D>(sm.k[ahead_stage], sm.v[ahead_stage], k_head, v_head, stride,
-                            tile_at(ahead) * kTileKeys, L);
+                            tile_at(ahead) * kTileKeys, keys_end);
         }
         /* The cluster path lets the next kernel launch once this block has issued its last load,
          * so that its blocks start on the free SMs and prefetch while this one finishes. Where the
@@ -560,6 +664,9 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
         if (CLUSTER && ahead == tile_count) bn_pdl_launch_dependents();
         cp_async_commit();
         cp_async_wait<kAhead>();
+        if constexpr (NEW_TOKEN)
+            if (tile == new_tile)
+                place_new_row<D>(sm.k[stage], sm.v[stage], sm.new_rows.k, sm.new_rows.v, (L - 1) % kTileKeys);
         if (first_row_last_key < L - 1 && (tile + 1) * kTileKeys - 1 > first_row_last_key)
             hidden_nonfinite_v |= __syncthreads_or(
                 copied_chunks_nonfinite<T, D, kTileKeys, kThreads>(sm.v[stage]));
@@ -599,7 +706,7 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
     if (hidden_nonfinite_v) {
         __syncwarp(); /* after the lanes' writes above */
         redo_warp_rows<T, D>(q, k_head, v_head, stride, combine, rows, row0, group, Sq, L, causal,
-                             tile_at, tile_count, scale_log2, out_row);
+                             tile_at, tile_count, scale_log2, q_row); /* never with a new token: Sq = 1 */
     }
     __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -615,11 +722,11 @@ decode_kernel(const int32_t *__restrict__ seq_lens, const T *__restrict__ k, con
  * takes every 8th split, loading 8 splits' partials before using them so their latencies overlap. */
 constexpr int kMergeWarps = 8, kMergeBatch = 8;
 
-template <typename T, int D>
+template <typename T, int D, bool NEW_TOKEN>
 __global__ void __launch_bounds__(kMergeWarps * 32)
 merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ partial_ml,
              const int32_t *__restrict__ seq_lens, int C, int Sq, int Hq, int causal, int num_splits,
-             T *__restrict__ out) {
+             T *__restrict__ out, const int32_t *__restrict__ positions) {
     constexpr int kDimsPerLane = D / 32;
     __shared__ float weight[BN_ATTENTION_MAX_SPLITS];
     __shared__ float reduce[kMergeWarps][D];
@@ -627,7 +734,9 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
     const int64_t row = blockIdx.x;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int b = (int)(row / ((int64_t)Sq * Hq));
-    const int L = seq_lens ? seq_lens[b] : C;
+    /* Before the wait: the decode kernel before this one read seq_lens (or positions) after its own
+     * wait, so whatever wrote them has finished. */
+    const int L = sequence_keys<NEW_TOKEN>(seq_lens, positions, b, C);
     bn_pdl_wait();
     if (!valid_seq_len(L, C, Sq, causal)) {
         for (int d = threadIdx.x; d < D; d += blockDim.x)
@@ -686,32 +795,32 @@ merge_kernel(const float *__restrict__ partial_out, const float *__restrict__ pa
  * of this one). */
 template <typename T>
 struct ClusterKernel {
-    decltype(&decode_kernel<T, 64, true, 4>) kernel;
+    decltype(&decode_kernel<T, 64, true, 4, false>) kernel;
     size_t shared_bytes;
 };
 
 /* The cluster kernel with STAGES tile stages, and how many clusters of `size` blocks fit at once
  * (which also sets its attributes; older GPUs would refuse them: its shared memory is over sm_86's
  * limit). */
-template <typename T, int D, int STAGES>
+template <typename T, int D, bool NEW_TOKEN, int STAGES>
 bitnet_status cluster_fit(int32_t device, int size, ClusterKernel<T> *cluster, int *fit) {
-    *cluster = {decode_kernel<T, D, true, STAGES>, sizeof(DecodeShared<D, true, STAGES>)};
+    *cluster = {decode_kernel<T, D, true, STAGES, NEW_TOKEN>, sizeof(DecodeShared<D, true, STAGES, NEW_TOKEN>)};
     return bn_cuda_cluster_occupancy(device, reinterpret_cast<const void *>(cluster->kernel), size, kThreads,
                                      cluster->shared_bytes, fit);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool NEW_TOKEN>
 bitnet_status cluster_fit(int32_t device, int size, int stages, ClusterKernel<T> *cluster, int *fit) {
-    return stages == 4 ? cluster_fit<T, D, 4>(device, size, cluster, fit)
-         : stages == 5 ? cluster_fit<T, D, 5>(device, size, cluster, fit)
-                       : cluster_fit<T, D, 6>(device, size, cluster, fit);
+    return stages == 4 ? cluster_fit<T, D, NEW_TOKEN, 4>(device, size, cluster, fit)
+         : stages == 5 ? cluster_fit<T, D, NEW_TOKEN, 5>(device, size, cluster, fit)
+                       : cluster_fit<T, D, NEW_TOKEN, 6>(device, size, cluster, fit);
 }
 
 /* Splits per (sequence, KV head, row block) on the cluster path and its kernel, or 0 splits where
  * it does not apply. It needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits
  * splits per group of at most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters
  * at once (with 5 stages, and with the stages that the split's tiles take; else 5). */
-template <typename T, int D>
+template <typename T, int D, bool NEW_TOKEN>
 bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits,
                              ClusterKernel<T> *cluster) {
     *splits = 0;
@@ -727,13 +836,13 @@ bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *spl
         const int64_t split_tiles = (tiles + size - 1) / size;
         if (split_tiles > kMaxClusterTilesPerSplit) break;
         int fit = 0;
-        BN_TRY((cluster_fit<T, D>(device, size, 5, cluster, &fit)));
+        BN_TRY((cluster_fit<T, D, NEW_TOKEN>(device, size, 5, cluster, &fit)));
         if (fit < groups) continue;
         *splits = size;
         const int stages = cluster_stages(split_tiles);
         if (stages != 5) {
             ClusterKernel<T> staged;
-            BN_TRY((cluster_fit<T, D>(device, size, stages, &staged, &fit)));
+            BN_TRY((cluster_fit<T, D, NEW_TOKEN>(device, size, stages, &staged, &fit)));
             if (fit >= groups) *cluster = staged;
         }
         break;
@@ -741,27 +850,32 @@ bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *spl
     return BITNET_OK;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool NEW_TOKEN>
 bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, int64_t Hkv,
                             const void *q, const void *k, const void *v, int64_t C,
-                            const int32_t *seq_lens, int32_t causal, float scale, void *out,
-                            void *workspace, int64_t num_splits, cudaStream_t stream) {
+                            const int32_t *seq_lens, const int32_t *positions, float theta,
+                            int32_t causal, float scale, void *out, void *workspace, int64_t num_splits,
+                            cudaStream_t stream) {
     const int64_t row_blocks = (Sq * (Hq / Hkv) + kRows - 1) / kRows;
     if (Hkv * row_blocks > 65535 || B > 65535 || B * Sq * Hq > INT32_MAX)
         return bn_fail(BITNET_ERR_UNSUPPORTED, "bitnet_attention: B = %lld or Hkv = %lld too large "
                        "for the decode grid", (long long)B, (long long)Hkv);
-    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false, kSplitStages>::k) +
-                                                sizeof(DecodeShared<D, false, kSplitStages>::v),
+    static_assert(sizeof(DecodeCombine<D>) <= sizeof(DecodeShared<D, false, kSplitStages, false>::k) +
+                                                sizeof(DecodeShared<D, false, kSplitStages, false>::v),
                   "the warps' combine must fit over the tiles");
     const float scale_log2 = scale * 1.4426950408889634f;
     const SmallDivisor kv_heads = SmallDivisor::of((uint32_t)Hkv), group = SmallDivisor::of((uint32_t)(Hq / Hkv));
     dim3 grid(1, (unsigned)(Hkv * row_blocks), (unsigned)B);
+    /* For a new token, k and v are the caches it goes to (writable: see the entry point). */
+    const NewToken<T> token{positions, NEW_TOKEN ? static_cast<T *>(const_cast<void *>(k)) : nullptr,
+                            NEW_TOKEN ? static_cast<T *>(const_cast<void *>(v)) : nullptr,
+                            NEW_TOKEN ? log2((double)theta) : 0.0};
 
     /* Where the splits fit in clusters, they merge there: no workspace, no merge kernel. */
     int splits = 0;
     ClusterKernel<T> cluster{};
     if constexpr (D <= 128) /* at D = 256, 4 tile stages are over an SM's shared memory */
-        BN_TRY((cluster_splits<T, D>(device, B * Hkv * row_blocks, C, &splits, &cluster)));
+        BN_TRY((cluster_splits<T, D, NEW_TOKEN>(device, B * Hkv * row_blocks, C, &splits, &cluster)));
     if (splits > 0) {
         grid.x = (unsigned)splits;
         BN_CUDA_TRY(bn_launch_pdl_cluster(cluster.kernel, grid, dim3(kThreads), cluster.shared_bytes,
@@ -770,12 +884,12 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                                           (int)C, SmallDivisor::of((uint32_t)splits), kv_heads,
                                           static_cast<const T *>(q), group, (int)Sq, (int)Hq, causal,
                                           scale_log2, static_cast<T *>(out),
-                                          (float *)nullptr, (float *)nullptr));
+                                          (float *)nullptr, (float *)nullptr, token));
         return BITNET_OK;
     }
 
-    auto kernel = decode_kernel<T, D, false, kSplitStages>;
-    const size_t smem = sizeof(DecodeShared<D, false, kSplitStages>);
+    auto kernel = decode_kernel<T, D, false, kSplitStages, NEW_TOKEN>;
+    const size_t smem = sizeof(DecodeShared<D, false, kSplitStages, NEW_TOKEN>);
     BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), smem));
     const int64_t rows = B * Sq * Hq;
     float *partial_out = static_cast<float *>(workspace);
@@ -785,27 +899,33 @@ bitnet_status launch_decode(int32_t device, int64_t B, int64_t Sq, int64_t Hq, i
                               static_cast<const T *>(k), static_cast<const T *>(v), (int)C,
                               SmallDivisor::of((uint32_t)num_splits), kv_heads, static_cast<const T *>(q),
                               group, (int)Sq, (int)Hq, causal, scale_log2, static_cast<T *>(out), partial_out,
-                              partial_ml));
+                              partial_ml, token));
     if (num_splits > 1) {
         /* The merge grid is set up while the decode grid drains. */
-        BN_CUDA_TRY(bn_launch_pdl(merge_kernel<T, D>, dim3((unsigned)rows), dim3(kMergeWarps * 32),
+        BN_CUDA_TRY(bn_launch_pdl(merge_kernel<T, D, NEW_TOKEN>, dim3((unsigned)rows), dim3(kMergeWarps * 32),
                                   0, stream, (const float *)partial_out, (const float *)partial_ml,
                                   seq_lens, (int)C, (int)Sq, (int)Hq, (int)causal, (int)num_splits,
-                                  static_cast<T *>(out)));
+                                  static_cast<T *>(out), positions));
     }
     return BITNET_OK;
+}
+
+/* launch_decode for a dtype and D (64, 128 or 256). */
+template <bool NEW_TOKEN> auto launch_for(int32_t dtype, int64_t D) {
+    const bool bf16 = dtype == BITNET_DTYPE_BF16;
+    return D == 64    ? (bf16 ? launch_decode<__nv_bfloat16, 64, NEW_TOKEN> : launch_decode<__half, 64, NEW_TOKEN>)
+           : D == 128 ? (bf16 ? launch_decode<__nv_bfloat16, 128, NEW_TOKEN> : launch_decode<__half, 128, NEW_TOKEN>)
+                      : (bf16 ? launch_decode<__nv_bfloat16, 256, NEW_TOKEN> : launch_decode<__half, 256, NEW_TOKEN>);
 }
 
 } // namespace
 
 bitnet_status bn_cuda_attention_decode(int32_t device, int32_t dtype, int64_t B, int64_t Sq, int64_t Hq,
                                        int64_t Hkv, int64_t D, const void *q, const void *k, const void *v,
-                                       int64_t C, const int32_t *seq_lens, int32_t causal, float scale,
-                                       void *out, void *workspace, int64_t num_splits, cudaStream_t stream) {
-    bool bf16 = dtype == BITNET_DTYPE_BF16;
-    auto launch = D == 64    ? (bf16 ? launch_decode<__nv_bfloat16, 64> : launch_decode<__half, 64>)
-                  : D == 128 ? (bf16 ? launch_decode<__nv_bfloat16, 128> : launch_decode<__half, 128>)
-                             : (bf16 ? launch_decode<__nv_bfloat16, 256> : launch_decode<__half, 256>);
-    return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, causal, scale, out, workspace,
-                  num_splits, stream);
+                                       int64_t C, const int32_t *seq_lens, const int32_t *positions,
+                                       float theta, int32_t causal, float scale, void *out, void *workspace,
+                                       int64_t num_splits, cudaStream_t stream) {
+    auto launch = positions ? launch_for<true>(dtype, D) : launch_for<false>(dtype, D);
+    return launch(device, B, Sq, Hq, Hkv, q, k, v, C, seq_lens, positions, theta, causal, scale, out,
+                  workspace, num_splits, stream);
 }
