@@ -119,6 +119,19 @@ def pointers(*names, aligned=()):
     return nulls(*names) + misaligned(*aligned) + host_pointers(*names)
 
 
+def attention_mutations():
+    """The dtype and size checks both attention entry points share (the valid calls: Hq = 4,
+    Hkv = 2, D = 64)."""
+    return [
+        Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
+        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
+        Mutation("Hkv", 3, INVALID, "not a multiple of Hkv"),
+        Mutation("D", 96, UNSUPPORTED, "head_dim D = 96 is not supported"),
+        Mutation("D", 8192, INVALID, "too large"),
+        Mutation("B", BIG, INVALID, "overflows"),
+    ]
+
+
 def decode_config_mutations():
     """The config checks both decode_layer entry points share (the valid config: H = I = 128,
     Hq = 2, Hkv = 1, D = 64)."""
@@ -259,13 +272,7 @@ MUTATIONS = {
     ] + pointers("gate_up", "weight", "y_q", "y_scales", "sumsq",
                  aligned=("gate_up", "weight", "y_scales", "sumsq")),
     "attention": bad_devices() + non_positive("must be positive", "B", "Sq", "Hq", "Hkv", "D", "C")
-    + [
-        Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
-        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
-        Mutation("Hkv", 3, INVALID, "not a multiple of Hkv"),
-        Mutation("D", 96, UNSUPPORTED, "head_dim D = 96 is not supported"),
-        Mutation("D", 8192, INVALID, "too large"),
-        Mutation("B", BIG, INVALID, "overflows"),
+    + attention_mutations() + [
         Mutation("causal", 2, INVALID, "causal must be 0 or 1"),
         Mutation("scale", math.nan, INVALID, "scale must be finite"),
         Mutation("scale", -math.inf, INVALID, "scale must be finite"),
@@ -282,13 +289,7 @@ MUTATIONS = {
         Mutation("B", BIG, INVALID, "overflows"),
     ] + nulls("bytes"),
     "attention_rope_append_kv": bad_devices()
-    + non_positive("must be positive", "B", "Hq", "Hkv", "D", "C") + [
-        Mutation("dtype", 4, INVALID, "is not float32, float16 or bfloat16"),
-        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
-        Mutation("Hkv", 3, INVALID, "not a multiple of Hkv"),
-        Mutation("D", 96, UNSUPPORTED, "head_dim D = 96 is not supported"),
-        Mutation("D", 8192, INVALID, "too large"),
-        Mutation("B", BIG, INVALID, "overflows"),
+    + non_positive("must be positive", "B", "Hq", "Hkv", "D", "C") + attention_mutations() + [
         Mutation("Hq", 130, UNSUPPORTED, "65 query heads per KV head; a GPU takes at most 64",
                  "gpu"),
         Mutation("theta", math.nan, INVALID, "theta must be finite"),
