@@ -122,14 +122,15 @@ struct ClusterInbox {
 };
 struct NoInbox {};
 
-/* Shared memory of one block: the K and V tile stages and the q rows, 16-byte chunks XOR-swizzled
- * for ldmatrix. After the key loop the tiles hold the warps' partial results. */
 /* A new token's RoPE cos and sin, its rotated k row and its v row (NEW_TOKEN kernels). */
 template <int D>
 struct NewRows {
     float cos[D / 2], sin[D / 2];
     uint4 k[D / 8], v[D / 8];
 };
+
+/* Shared memory of one block: the K and V tile stages and the q rows, 16-byte chunks XOR-swizzled
+ * for ldmatrix. After the key loop the tiles hold the warps' partial results. */
 template <int D, bool CLUSTER, int STAGES, bool NEW_TOKEN>
 struct DecodeShared {
     uint4 k[STAGES][kTileKeys][D / 8];
@@ -156,6 +157,7 @@ __device__ __forceinline__ int sequence_keys(const int32_t *seq_lens, const int3
     if constexpr (NEW_TOKEN) return positions[b] >= 0 && positions[b] < C ? positions[b] + 1 : 0;
     return seq_lens ? seq_lens[b] : C;
 }
+
 /* Rows padded by 8 floats: a warp's float2 stores of its accumulator fragments (rows g, columns 2t)
  * then hit 32 different banks; unpadded they conflict 8 ways (docs/log/2026-11-22.md#2026-11-22-10). */
 constexpr int kCombinePad = 8;
