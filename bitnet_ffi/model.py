@@ -293,6 +293,8 @@ class Session:
         c, w = self.config, self.w
         N = self.batch * steps
         fuse_norms = steps == 1 and self.fuse_norms
+        qkv_rope = steps == 1 and self.fuse_qkv_rope  # RoPE in the QKV projection
+        rope_attention = steps == 1 and not qkv_rope and self.fuse_rope_attention  # in attention
         residual = None
         for index, layer in enumerate(w.layers):
             # attention block: h += o_proj(sub_norm(attention(rope(qkv(norm(h))))))
@@ -300,7 +302,7 @@ class Session:
             if not normed:
                 x_q, x_s = (self.norm_quantize(b["h"], layer.attn_norm, b) if residual is None else
                             self.norm_quantize(b["proj"], layer.attn_norm, b, residual=residual))
-            if steps == 1 and self.fuse_qkv_rope:
+            if qkv_rope:
                 if normed:
                     self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8_rope_append_kv, b["h"],
                             layer.attn_norm, b["stats"], layer.qkv, self.k_cache[index],
@@ -317,12 +319,12 @@ class Session:
                 else:
                     self.project(layer.qkv, x_q, x_s, b["qkv"])
                 qkv = b["qkv"].reshape(self.batch, steps, c.heads + 2 * c.kv_heads, c.head_dim)
-            if steps == 1 and not self.fuse_qkv_rope and self.fuse_rope_attention:
+            if rope_attention:
                 self.op("rope + kv append + attention", attention_rope_append_kv, qkv,
                         self.k_cache[index], self.v_cache[index], self.positions, theta=c.theta,
                         scale=c.attention_scale, out=b["attn"], workspace=b["workspace"])
             else:
-                if not (steps == 1 and self.fuse_qkv_rope):
+                if not qkv_rope:
                     self.op("rope + kv append", rope_append_kv, qkv, self.k_cache[index],
                             self.v_cache[index], self.positions, theta=c.theta, out=b["q"])
                 self.op("attention", attention, b["q"], self.k_cache[index], self.v_cache[index],
