@@ -13,9 +13,11 @@ import bitnet_ffi as bn
 # odd M, M below one block of rows, K of one 128-weight tile.
 SHAPES = [(2560, 2560, None), (3840, 2560, [2560, 640, 640]), (13824, 2560, [6912, 6912]),
           (2560, 6912, None), (333, 384, None), (1001, 1280, [500, 501]), (7, 128, None)]
-# 31, 80 and 127: short of the wgmma kernel's 64-, 96- and 128-token tiles (sm_90), whose x boxes
-# then hold only N rows; 200: the small matrices' 64-token tiles with K split over clusters.
-TOKENS = [16, 17, 31, 64, 80, 100, 127, 200, 960, 4096]
+# 5 and 12: the GEMV's 8- and 16-token launches, and on 13824x2560 (2^25+ weights) 12 and 16 the
+# wgmma kernel's 16-token tiles (sm_90); 31, 80 and 127: short of its 64-, 96- and 128-token tiles,
+# whose x boxes then hold only N rows; 200: the small matrices' 64-token tiles with K split over
+# clusters.
+TOKENS = [5, 12, 16, 17, 31, 64, 80, 100, 127, 200, 960, 4096]
 CPU_TOKENS = 24  # tokens checked against the CPU backend when N is larger
 
 
@@ -42,6 +44,20 @@ def checked_tokens(rng, N):
 @pytest.mark.parametrize("M,K,row_segments", SHAPES, ids=[f"{m}x{k}" for m, k, _ in SHAPES])
 @pytest.mark.parametrize("N", TOKENS)
 def test_gemm_gpu_matches_cpu(rng, M, K, row_segments, N):
+    check_against_cpu(rng, M, K, row_segments, N)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [9, 16, 17, 31])
+def test_gemm_gpu_narrow_tiles_match_cpu(rng, N):
+    """A matrix of 2^26+ weights, where the wgmma kernel (sm_90) takes 16-token tiles from 9 tokens
+    and 32-token tiles at 17-32 (on other GPUs the same call runs the GEMV or the mma.sync GEMM)."""
+    check_against_cpu(rng, 5120, 13824, [2560, 2560], N)
+
+
+def check_against_cpu(rng, M, K, row_segments, N):
+    """gemv_w2a8 on the GPU in every output dtype: against the exact float64 product and the
+    epilogue's rule for all tokens, bit for bit against the CPU backend on checked_tokens."""
     torch = pytest.importorskip("torch")
     tw, tw_cpu, x_q, x_scales = quantized_problem(torch, rng, M, K, N, row_segments)
     x_gpu, xs_gpu = torch.from_numpy(x_q).cuda(), torch.from_numpy(x_scales).cuda()

@@ -1,5 +1,6 @@
-"""Benchmark of gemv_w2a8 at many tokens (the tensor-core GEMM from N = 17 on, docs/gemm.md) beside
-torch bf16 F.linear and torch._int_mm (int8 x int8 -> int32), one process, one GPU.
+"""Benchmark of gemv_w2a8 at many tokens (the tensor-core GEMM from N = 17 on, from 9 for large
+matrices on sm_90: docs/gemm.md) beside torch bf16 F.linear and torch._int_mm (int8 x int8 -> int32),
+one process, one GPU.
 
 Every figure is the median of 7 replays of a CUDA graph; each path rotates through copies of its
 weights totalling >= 512 MiB (> 4x the 50 MiB L2), so no call finds its weights in L2. Ours writes

@@ -448,7 +448,11 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     const bool wgmma = sm90a && N >= GEMM_WGMMA_MIN_TOKENS;
     const bool small_matrix = M * K < (1LL << 24);
     if (wgmma && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
-        const int tokens = N <= 64 || small_matrix ? 64 : 96;
+        /* 16-token tiles for the N <= 16 that gemv_w2a8 sends here (2^25+ weights), 32-token ones at
+         * 17-32 tokens for 2^26+ weights: 5120 x 27648 at 16 tokens 34.7 -> 22.7 us (the GEMV), at 32
+         * 33.1 -> 24.3; at 32 tokens 13824 x 2560 took 9.9 -> 10.1 and the batch-32 decode step
+         * 2.225 -> 2.270 ms (H200, docs/log/2026-12-03.md#2026-12-03-2). */
+        const int tokens = N <= 16 ? 16 : N <= 32 && M * K >= (1LL << 26) ? 32 : N <= 64 || small_matrix ? 64 : 96;
         const int64_t blocks = bn_ceil_div(N, tokens) * bn_ceil_div(M, 128);
         int split = wgmma_split(blocks, K, sms, N <= 64 ? 8 : 16);
         /* Small matrices past 128 tokens: K over clusters of 2 where each block keeps 4 tiles (2560 x

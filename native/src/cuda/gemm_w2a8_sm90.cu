@@ -1,6 +1,6 @@
 /* CUDA W2A8 GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a; built for that target
  * alone, see the Makefile): y[n, m] = dot(x_q[n], W_q[m]) * w_scales[m] / x_scales[n].
- * - A block owns TOKENS tokens (64, 96, 128 or 160) x ROWS weight rows (128 or 256); two warpgroups of
+ * - A block owns TOKENS tokens (16, 32, 64, 96, 128 or 160) x ROWS weight rows (128 or 256); two warpgroups of
  *   ROWS / 2 rows each. K goes by tiles of 128: thread 0 has the tensor memory accelerator (TMA) copy
  *   the packed weights (ROWS x 32 bytes, the 32-byte swizzle) and x (min(TOKENS, N) x 128 bytes, the
  *   128-byte swizzle that wgmma reads) into shared-memory stages, each stage's arrival counted by an
@@ -35,7 +35,12 @@ constexpr int kThreads = 256;
  * the group and the weights of one range of rows (for large N, x is not read again for every row tile). */
 constexpr int kGroupTokenTiles = 8;
 
-/* ROWS = 64 MT x 2 weight rows per block, TOKENS tokens (64, 96, 128 or 160), STAGES k tiles in
+/* k-tile stages of the 16- and 32-token tiles. 16 tokens, H200, µs for 3 / 4 / 6 / 8 / 14 stages:
+ * 5120 x 27648 23.1 / 22.7 / 23.1 / 24.0 / 30.6, 55296 x 5120 48.6 / 41.6 / 41.3 / 42.3 / 46.0
+ * (docs/log/2026-12-03.md#2026-12-03-2). */
+constexpr int kNarrowStages = 4;
+
+/* ROWS = 64 MT x 2 weight rows per block, TOKENS tokens (16 to 160), STAGES k tiles in
  * shared memory (STAGES - 2 of them copied ahead of the one being expanded). 256 rows or 160 tokens:
  * one block per SM (the accumulators take 128 or 80 registers a thread); 128 rows x 64 to 128 tokens:
  * two blocks per SM (5 stages), so one block's epilogue overlaps another's loop. */
@@ -51,12 +56,33 @@ struct Shape {
     static constexpr int kOutStride = kRows + 4;
     static constexpr size_t kSharedBytes = static_cast<size_t>(kStages) * kStageBytes + 1024; /* + alignment */
     static_assert(kStageBytes % 1024 == 0, "the 128-byte swizzle repeats every 1024 bytes");
-    static_assert(TOKENS == 64 || TOKENS == 96 || TOKENS == 128 || TOKENS == 160, "the wgmma shapes of wgmma_s8");
+    static_assert(TOKENS == 16 || TOKENS == 32 || TOKENS == 64 || TOKENS == 96 || TOKENS == 128 || TOKENS == 160,
+                  "the wgmma shapes of wgmma_s8");
     static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kStages * kStageBytes, "the epilogue's tile");
 };
 
-/* d (64 rows x 64, 96, 128 or 160 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x that
- * many signed bytes, shared memory, descriptor b). */
+/* d (64 rows x 16, 32, 64, 96, 128 or 160 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x
+ * that many signed bytes, shared memory, descriptor b). */
+__device__ __forceinline__ void wgmma_s8(int (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+    BN_SM90A_ASM("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 " BN_WGMMA_D8_REGS ", "
+                 "{%8, %9, %10, %11}, %12, p;\n"
+                 "}\n"
+                 : BN_WGMMA_D8("+r", d, 0)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+__device__ __forceinline__ void wgmma_s8(int (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+    BN_SM90A_ASM("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 " BN_WGMMA_D16_REGS ", "
+                 "{%16, %17, %18, %19}, %20, p;\n"
+                 "}\n"
+                 : BN_WGMMA_D16("+r", d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
 __device__ __forceinline__ void wgmma_s8(int (&d)[32], const uint32_t (&a)[4], uint64_t b) {
     BN_SM90A_ASM("{\n"
                  ".reg .pred p;\n"
@@ -472,6 +498,8 @@ bitnet_status launch_split(int32_t device, const GemmArgs &a, int split, cudaStr
 
 bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, int tokens, bool one_per_sm,
                                       int split, int64_t full_tiles, int pieces, cudaStream_t stream) {
+    if (tokens == 16) return launch_split<kNarrowStages, 16>(device, a, split, stream);
+    if (tokens == 32) return launch_split<kNarrowStages, 32>(device, a, split, stream);
     if (tokens == 160) return launch<1, 8, 1, false, 160>(device, a, stream);
     if (rows == 256) return launch<2, 8, 1>(device, a, stream);
     if (pieces > 1) return launch_remainder(device, a, full_tiles, pieces, stream);

@@ -72,6 +72,11 @@ constexpr int64_t kLongRowsK16 = 6912;
 #define BN_GEMM_MIN_TOKENS 17
 #endif
 constexpr int64_t kGemmMinTokens = BN_GEMM_MIN_TOKENS;
+/* On compute capability 9.0, matrices of at least 2^25 weights take the GEMM's 16-token tiles from
+ * 9 tokens on: 13824 x 2560 at 16 tokens 11.4 -> 9.4 us, 5120 x 27648 34.7 -> 22.7, 55296 x 5120
+ * 58.9 -> 41.6, the batch-16 decode step 1.693 -> 1.618 ms; below 2^25, and at 8 tokens, the GEMV
+ * is faster (2560 x 6912 at 16: 6.0 against 8.1; H200, docs/log/2026-12-03.md#2026-12-03-2). */
+constexpr int64_t kGemmLargeMinTokens = 9, kGemmLargeWeights = int64_t{1} << 25;
 
 struct GemvArgs {
     const uint4 *w;        /* [M, K/64]: 16-byte chunks of 64 weights */
@@ -908,11 +913,16 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
     BN_TRY(check_rows("bitnet_gemv_w2a8", M));
     cudaStream_t s = bn_stream(stream);
     int64_t y_size = bn_dtype_size(y_dtype);
-    /* From kGemmMinTokens tokens on, the GEMM (sm_80+). Else tokens per launch: 1 (dp4a), else 8 or
+    /* From kGemmMinTokens tokens on, the GEMM (sm_80+), and on sm_90 from kGemmLargeMinTokens for
+     * large matrices. Else tokens per launch: 1 (dp4a), else 8 or
      * 16 (mma). The int8 tensor-core kernels need sm_80; older GPUs take one token per launch. */
     int major = 0;
+    bool sm90a = false;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    if (major >= 8 && N >= kGemmMinTokens && N <= BN_GEMM_MAX_N && M <= BN_GEMM_MAX_M)
+    BN_CUDA_TRY(bn_runs_sm90a(device, &sm90a));
+    const bool gemm = N >= kGemmMinTokens ||
+                      (sm90a && N >= kGemmLargeMinTokens && M * K >= kGemmLargeWeights);
+    if (major >= 8 && gemm && N <= BN_GEMM_MAX_N && M <= BN_GEMM_MAX_M)
         return bn_cuda_gemm_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));

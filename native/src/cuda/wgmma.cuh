@@ -12,6 +12,9 @@
 #define BN_SM90A_ASM(...) asm volatile(__VA_ARGS__)
 #endif
 
+/* The 8 accumulator registers of a m64n16 wgmma (operands %0 to %7), the 16 of a m64n32 one. */
+#define BN_WGMMA_D8_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define BN_WGMMA_D16_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 /* The 32 accumulator registers of a m64n64 wgmma (operands %0 to %31). */
 #define BN_WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 /* The 48 of a m64n96 wgmma (operands %0 to %47). */
@@ -24,7 +27,8 @@
 #define BN_WGMMA_D64(c, d)                                                                              \
     BN_WGMMA_D8(c, d, 0), BN_WGMMA_D8(c, d, 8), BN_WGMMA_D8(c, d, 16), BN_WGMMA_D8(c, d, 24), BN_WGMMA_D8(c, d, 32), \
         BN_WGMMA_D8(c, d, 40), BN_WGMMA_D8(c, d, 48), BN_WGMMA_D8(c, d, 56)
-#define BN_WGMMA_D32(c, d) BN_WGMMA_D8(c, d, 0), BN_WGMMA_D8(c, d, 8), BN_WGMMA_D8(c, d, 16), BN_WGMMA_D8(c, d, 24)
+#define BN_WGMMA_D16(c, d) BN_WGMMA_D8(c, d, 0), BN_WGMMA_D8(c, d, 8)
+#define BN_WGMMA_D32(c, d) BN_WGMMA_D16(c, d), BN_WGMMA_D8(c, d, 16), BN_WGMMA_D8(c, d, 24)
 #define BN_WGMMA_D48(c, d) BN_WGMMA_D32(c, d), BN_WGMMA_D8(c, d, 32), BN_WGMMA_D8(c, d, 40)
 /* The same for the 80 of a m64n160 wgmma (operands %0 to %79). */
 #define BN_WGMMA_D80_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}"
