@@ -61,68 +61,25 @@ struct Shape {
     static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kStages * kStageBytes, "the epilogue's tile");
 };
 
-/* d (64 rows x 16, 32, 64, 96, 128 or 160 tokens, int32) += A (64 x 32 signed bytes, registers) B (32 x
- * that many signed bytes, shared memory, descriptor b). */
-__device__ __forceinline__ void wgmma_s8(int (&d)[8], const uint32_t (&a)[4], uint64_t b) {
-    BN_SM90A_ASM("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %13, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 " BN_WGMMA_D8_REGS ", "
-                 "{%8, %9, %10, %11}, %12, p;\n"
-                 "}\n"
-                 : BN_WGMMA_D8("+r", d, 0)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-__device__ __forceinline__ void wgmma_s8(int (&d)[16], const uint32_t (&a)[4], uint64_t b) {
-    BN_SM90A_ASM("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 " BN_WGMMA_D16_REGS ", "
-                 "{%16, %17, %18, %19}, %20, p;\n"
-                 "}\n"
-                 : BN_WGMMA_D16("+r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-__device__ __forceinline__ void wgmma_s8(int (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    BN_SM90A_ASM("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " BN_WGMMA_D32_REGS ", "
-                 "{%32, %33, %34, %35}, %36, p;\n"
-                 "}\n"
-                 : BN_WGMMA_D32("+r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-__device__ __forceinline__ void wgmma_s8(int (&d)[48], const uint32_t (&a)[4], uint64_t b) {
-    BN_SM90A_ASM("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %53, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n96k32.s32.s8.s8 " BN_WGMMA_D48_REGS ", "
-                 "{%48, %49, %50, %51}, %52, p;\n"
-                 "}\n"
-                 : BN_WGMMA_D48("+r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-__device__ __forceinline__ void wgmma_s8(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    BN_SM90A_ASM("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 " BN_WGMMA_D64_REGS ", "
-                 "{%64, %65, %66, %67}, %68, p;\n"
-                 "}\n"
-                 : BN_WGMMA_D64("+r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-__device__ __forceinline__ void wgmma_s8(int (&d)[80], const uint32_t (&a)[4], uint64_t b) {
-    BN_SM90A_ASM("{\n"
-                 ".reg .pred p;\n"
-                 "setp.ne.b32 p, %85, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n160k32.s32.s8.s8 " BN_WGMMA_D80_REGS ", "
-                 "{%80, %81, %82, %83}, %84, p;\n"
-                 "}\n"
-                 : BN_WGMMA_D80("+r", d)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
+/* wgmma_s8(d, a, b): d (64 rows x TOKENS tokens, int32; TOKENS / 2 registers a thread) += A (64 x 32
+ * signed bytes, registers) B (32 x TOKENS signed bytes, shared memory, descriptor b), one overload
+ * per shape. The operands: the accumulators %0 .. %(TOKENS / 2 - 1), then A_OPS (a), B_OP (b) and
+ * P_OP (1: scale-d, so d is added to). */
+#define WGMMA_S8(TOKENS, D_REGS, A_OPS, B_OP, P_OP, ...)                                                   \
+    __device__ __forceinline__ void wgmma_s8(int (&d)[TOKENS / 2], const uint32_t (&a)[4], uint64_t b) { \
+        BN_SM90A_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " P_OP ", 0;\n"                                 \
+                     "wgmma.mma_async.sync.aligned.m64n" #TOKENS "k32.s32.s8.s8 " D_REGS ", {" A_OPS "}, " \
+                     B_OP ", p;\n}\n"                                                                    \
+                     : __VA_ARGS__                                                                        \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                      \
+    }
+WGMMA_S8(16, BN_WGMMA_D8_REGS, "%8, %9, %10, %11", "%12", "%13", BN_WGMMA_D8("+r", d, 0))
+WGMMA_S8(32, BN_WGMMA_D16_REGS, "%16, %17, %18, %19", "%20", "%21", BN_WGMMA_D16("+r", d))
+WGMMA_S8(64, BN_WGMMA_D32_REGS, "%32, %33, %34, %35", "%36", "%37", BN_WGMMA_D32("+r", d))
+WGMMA_S8(96, BN_WGMMA_D48_REGS, "%48, %49, %50, %51", "%52", "%53", BN_WGMMA_D48("+r", d))
+WGMMA_S8(128, BN_WGMMA_D64_REGS, "%64, %65, %66, %67", "%68", "%69", BN_WGMMA_D64("+r", d))
+WGMMA_S8(160, BN_WGMMA_D80_REGS, "%80, %81, %82, %83", "%84", "%85", BN_WGMMA_D80("+r", d))
+#undef WGMMA_S8
 
 /* Descriptor of a K-major x tile of rows of 128 bytes, starting `address` (1024-aligned, plus 32 s for
  * k32 step s). */
