@@ -917,11 +917,9 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
      * large matrices. Else tokens per launch: 1 (dp4a), else 8 or
      * 16 (mma). The int8 tensor-core kernels need sm_80; older GPUs take one token per launch. */
     int major = 0;
-    bool sm90a = false;
     BN_CUDA_TRY(bn_current_cc_major(&major));
-    BN_CUDA_TRY(bn_runs_sm90a(device, &sm90a));
-    const bool gemm = N >= kGemmMinTokens ||
-                      (sm90a && N >= kGemmLargeMinTokens && M * K >= kGemmLargeWeights);
+    bool gemm = N >= kGemmMinTokens;
+    if (!gemm && N >= kGemmLargeMinTokens && M * K >= kGemmLargeWeights) BN_CUDA_TRY(bn_runs_sm90a(device, &gemm));
     if (major >= 8 && gemm && N <= BN_GEMM_MAX_N && M <= BN_GEMM_MAX_M)
         return bn_cuda_gemm_w2a8(device, w_packed, w_scales, M, K, x_q, x_scales, N, y, y_dtype, stream);
     BnGpu gpu{device, 0};
