@@ -65,8 +65,9 @@ def profiled_kernels(run):
                   and not any(w in e.name.lower() for w in ("memcpy", "memset")))
 
 
-def print_table(title, labels, kernels, span, passes=1):
-    """Durations and own shares summed per label (one per kernel), per pass."""
+def print_table(title, column, labels, kernels, span, passes=1):
+    """Durations and own shares summed per label (one per kernel, `column` says what labels are),
+    per pass."""
     duration, own = collections.defaultdict(float), collections.defaultdict(float)
     last_end = kernels[0][0]
     for label, (start, end, _) in zip(labels, kernels):
@@ -74,7 +75,7 @@ def print_table(title, labels, kernels, span, passes=1):
         own[label] += max(0.0, end - max(last_end, start))
         last_end = max(last_end, end)
     print(title)
-    print(f"{'kernel' if passes > 1 else 'op':80s} {'count':>5s} {'durations ms':>12s} "
+    print(f"{column:80s} {'count':>5s} {'durations ms':>12s} "
           f"{'own ms':>8s} {'own %':>6s}")
     counts = collections.Counter(labels)
     for label in sorted(own, key=own.get, reverse=True):
@@ -98,7 +99,7 @@ def prefill(config, prompt_len):
     span = kernels[-1][1] - kernels[0][0]
     print_table(f"prompt {prompt_len}, {config.layers} layers, {torch.cuda.get_device_name()}: "
                 f"{len(kernels)} kernels over {span / 1e3:.3f} ms ({prompt_len / span * 1e6:,.0f} "
-                "tokens/s)", labels, kernels, span)
+                "tokens/s)", "op", labels, kernels, span)
 
 
 def decode(config, batch, context, steps=5):
@@ -120,8 +121,8 @@ def decode(config, batch, context, steps=5):
     span = float(np.median(spans))
     print_table(f"decode batch {batch}, context {context}, {config.layers} layers, "
                 f"{torch.cuda.get_device_name()}: {per_step} kernels a step, median span "
-                f"{span / 1e3:.3f} ms over {steps} replays", [k[2] for k in kernels], kernels,
-                span, passes=steps)
+                f"{span / 1e3:.3f} ms over {steps} replays", "kernel", [k[2] for k in kernels],
+                kernels, span, passes=steps)
 
 
 def main():
