@@ -8,15 +8,13 @@ rmsnorm(h) itself from them, so that no norm op runs between the two::
 
 ``stats`` (float32 [slots, 2]) holds, per slot, the sum of h^2 and max |h * norm_weight| of part
 of the row; the producer makes it (or ``new_norm_stats``), and the slots are the library's
-business. The sub-norms before the o and down projections go inside those projections the other
-way: ``subnorm_gemv_w2a8_add_norm_stats`` normalizes its own input (each GPU block sums its
-squares), so that no norm op runs between attention (or gate|up) and the projection."""
+business."""
 import functools
 
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
-from .layer_glue import BITNET_ROPE_THETA, activation_code, qkv_rope_arrays, rope_theta
+from .layer_glue import BITNET_ROPE_THETA, qkv_rope_arrays, rope_theta
 from .ternary import OUT_DTYPES, TernaryWeights
 
 
@@ -179,57 +177,3 @@ def rmsnorm_gemv_w2a8_rope_append_kv(h, norm_weight, stats, w, k_cache, v_cache,
               oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), kc.shape[1], pos.cptr("int32_t *"),
               float(theta), handle)
     return out
-
-
-def subnorm_gemv_w2a8_add_norm_stats(x, sub_norm_weight, w, h, norm_weight, eps=1e-5,
-                                     activation=None, stats=None, stream=None):
-    """``h += gemv_w2a8(w, *rmsnorm_quantize(v, sub_norm_weight, eps))`` for one token and the
-    statistics of the next RMSNorm of h into stats, as gemv_w2a8_add_norm_stats; v is x, or with an
-    activation the GLU gate of x = gate_up (glu_gate's values). The o and down projections of a
-    one-sequence decode step with their sub-norms inside them: one kernel on a GPU, whose blocks
-    each sum v's squares themselves. On the CPU the result is the unfused ops', bit for bit; on a
-    GPU a code may move by one where the two float32 sums of squares give different 1 / RMS
-    (bitnet.h states the rule)::
-
-        stats = subnorm_gemv_w2a8_add_norm_stats(attn, attn_sub_norm, o_proj, h, ffn_norm)
-        stats = subnorm_gemv_w2a8_add_norm_stats(gate_up, ffn_sub_norm, down_proj, h, next_norm,
-                                                 activation="relu2")
-
-    Parameters
-    ----------
-    x : array [1, K], or gate_up [1, 2K] with an activation (float16 or bfloat16 on a GPU;
-        float32 too on the CPU)
-    sub_norm_weight : array [K] of x's dtype
-    w : TernaryWeights [M, K], without block_scales
-    h : array [1, M] of x's dtype, updated in place
-    norm_weight : array [M] of x's dtype: the weight of the norm that reads h next
-    eps : float, finite and > 0: the sub-norm's
-    activation : None, "relu2" or "silu"
-    stats : float32 array [slots, 2], optional (slots: at least norm_stats_slots(device))
-    stream : CUDA stream, optional
-
-    Returns
-    -------
-    stats
-    """
-    _check_weights(w)
-    eps = _eps(eps)
-    code = -1 if activation is None else activation_code(activation)
-    arrays, device, handle = _arrays.prepare(
-        {"x": x, "sub_norm_weight": sub_norm_weight, "w.packed": w.packed, "w.scales": w.scales,
-         "h": h, "norm_weight": norm_weight, "stats": stats}, stream, writes=("h", "stats"),
-        optional=("stats",))
-    M, K = w.shape
-    xa = _arrays.check(arrays["x"], "x", FLOAT_DTYPES, (1, K if activation is None else 2 * K))
-    sa = _arrays.check(arrays["sub_norm_weight"], "sub_norm_weight", xa.dtype, (K,))
-    ha = _arrays.check(arrays["h"], "h", xa.dtype, (1, M))
-    wa = _arrays.check(arrays["norm_weight"], "norm_weight", xa.dtype, (M,))
-    if stats is None:
-        stats = _arrays.new_like(ha, (norm_stats_slots(device), 2), "float32")
-        arrays["stats"] = _arrays.as_array(stats, "stats")
-    st, slots = _check_stats(arrays)
-    _ffi.call("subnorm_gemv_w2a8_add_norm_stats", device, DTYPE_CODES[xa.dtype], code, xa.cptr(),
-              sa.cptr(), float(eps), arrays["w.packed"].cptr("uint8_t *"),
-              arrays["w.scales"].cptr("float *"), M, K, ha.cptr(), wa.cptr(), st.cptr("float *"),
-              slots, handle)
-    return stats

@@ -23,7 +23,7 @@ from .cuda_graph import Graph, Stream
 from .decode_layer import decode_layer, decode_layer_workspace_size, fused_layer_supported
 from .errors import InvalidArgumentError
 from .fused_norm import (gemv_w2a8_add_norm_stats, norm_stats_slots, rmsnorm_gemv_w2a8,
-                         rmsnorm_gemv_w2a8_rope_append_kv, subnorm_gemv_w2a8_add_norm_stats)
+                         rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import attention_rope_append_kv, gemv_w2a8_rope_append_kv, rope_append_kv
 from .norm import (add_rmsnorm, glu_rmsnorm_quantize, relu2_rmsnorm_quantize, rmsnorm,
@@ -117,17 +117,6 @@ def fuse_norms_supported(config, layers, batch):
                     for layer in layers for name in ("qkv", "o", "gate_up", "down")))
 
 
-def fuse_sub_norms_supported(config, layers, batch):
-    """Whether a decode step that takes its input norms inside the GEMVs (fuse_norms_supported)
-    can also take the sub-norms inside the o and down projections (subnorm_gemv_w2a8_add_norm_stats):
-    both sub-norms in every layer, their eps > 0, and attention's and the FFN's widths within the
-    GPU kernel's K <= 8192."""
-    return (fuse_norms_supported(config, layers, batch) and config.attn_sub_eps > 0
-            and config.ffn_sub_eps > 0 and config.q_dim <= 8192 and config.intermediate <= 8192
-            and all(layer.attn_sub_norm is not None and layer.ffn_sub_norm is not None
-                    for layer in layers))
-
-
 class Session:
     """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
 
@@ -148,9 +137,7 @@ class Session:
     fuse_norms: where fuse_norms_supported, a one-sequence decode step runs each input norm inside
     the GEMVs around it: the o and down projections add to h and leave the norm's statistics, the
     QKV and gate|up projections quantize rmsnorm(h) from them (bitnet_ffi.fused_norm; the same
-    codes up to the float32 rounding of the sum of squares). Where fuse_sub_norms_supported too,
-    the o and down projections also take the sub-norms before them (on attention's output, on the
-    gate of gate|up). On by default; off, for comparing.
+    codes up to the float32 rounding of the sum of squares). On by default; off, for comparing.
 
     fuse_rope_attention: where rope_attention_supported, a decode step that does not take the
     QKV projection with RoPE (more than one sequence) runs RoPE, the KV-cache append and attention
@@ -184,7 +171,6 @@ class Session:
         self.fused = fused
         self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(c, weights.layers, batch)
         self.fuse_norms = fuse_norms and fuse_norms_supported(c, weights.layers, batch)
-        self.fuse_sub_norms = fuse_norms and fuse_sub_norms_supported(c, weights.layers, batch)
         self.fuse_rope_attention = fuse_rope_attention and rope_attention_supported(c, device)
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
@@ -303,12 +289,10 @@ class Session:
 
     def layers(self, b, steps, progress=None):
         """Every layer as a sequence of ops over `steps` tokens per sequence, from b["h"]; leaves
-        the last layer's down projection in b["proj"], still to be added to b["h"], or returns
-        True where it has added it (the sub-norms inside the projections)."""
+        the last layer's down projection in b["proj"], still to be added to b["h"]."""
         c, w = self.config, self.w
         N = self.batch * steps
         fuse_norms = steps == 1 and self.fuse_norms
-        fuse_sub_norms = steps == 1 and self.fuse_sub_norms
         qkv_rope = steps == 1 and self.fuse_qkv_rope  # RoPE in the QKV projection
         rope_attention = steps == 1 and not qkv_rope and self.fuse_rope_attention  # in attention
         residual = None
@@ -347,41 +331,26 @@ class Session:
                         causal=True, scale=c.attention_scale, seq_lens=self.seq_lens,
                         out=b["attn"], workspace=b["workspace"])
             attn = _arrays.first_rows(b["attn"], N, c.q_dim)
-            if fuse_sub_norms:
-                self.op("gemv_w2a8 + norm", subnorm_gemv_w2a8_add_norm_stats, attn,
-                        layer.attn_sub_norm, layer.o, b["h"], layer.ffn_norm, eps=c.attn_sub_eps,
-                        stats=b["stats"])
-            else:
-                a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
-                if fuse_norms:
-                    self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.o, a_q, a_s,
-                            b["h"], layer.ffn_norm, stats=b["stats"])
-                else:
-                    self.project(layer.o, a_q, a_s, b["proj"])
+            a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
             if fuse_norms:
+                self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.o, a_q, a_s, b["h"],
+                        layer.ffn_norm, stats=b["stats"])
                 self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, b["h"], layer.ffn_norm,
                         b["stats"], layer.gate_up, eps=c.eps, out_dtype=BF16, out=b["gate_up"])
             else:
+                self.project(layer.o, a_q, a_s, b["proj"])
                 f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
                 self.project(layer.gate_up, f_q, f_s, b["gate_up"])
-            last = index + 1 == len(w.layers)
-            if fuse_sub_norms:  # the last layer's leaves the final norm's statistics, unused
-                self.op("gemv_w2a8 + norm", subnorm_gemv_w2a8_add_norm_stats, b["gate_up"],
-                        layer.ffn_sub_norm, layer.down, b["h"],
-                        w.final_norm if last else w.layers[index + 1].attn_norm,
-                        eps=c.ffn_sub_eps, activation=c.activation, stats=b["stats"])
+            g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
+            if fuse_norms and index + 1 < len(w.layers):
+                self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.down, g_q, g_s,
+                        b["h"], w.layers[index + 1].attn_norm, stats=b["stats"])
             else:
-                g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
-                if fuse_norms and not last:
-                    self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.down, g_q, g_s,
-                            b["h"], w.layers[index + 1].attn_norm, stats=b["stats"])
-                else:
-                    self.project(layer.down, g_q, g_s, b["proj"])
+                self.project(layer.down, g_q, g_s, b["proj"])
             residual = b["h"]
             if progress:
                 progress(index + 1, len(w.layers))
-        return fuse_sub_norms
 
     def forward(self, b, steps, progress=None):
         """One pass of every layer over `steps` tokens per sequence whose ids are in b["ids"];
@@ -397,9 +366,8 @@ class Session:
                 if progress:
                     progress(index + 1, len(w.layers))
             self.op("rmsnorm (+int8)", rmsnorm, b["h"], w.final_norm, eps=c.eps, out=b["y"])
-        elif self.layers(b, steps, progress):
-            self.op("rmsnorm (+int8)", rmsnorm, b["h"], w.final_norm, eps=c.eps, out=b["y"])
         else:
+            self.layers(b, steps, progress)
             self.op("rmsnorm (+int8)", add_rmsnorm, b["proj"], b["h"], w.final_norm, eps=c.eps,
                     out=b["y"])
         last = b["y"]

@@ -533,15 +533,6 @@ def valid_call(entry, mem, rng):
                                 h=put(values(rng, (32,), fd)), norm_weight=put(values(rng, (32,), fd)),
                                 stats=put(poison((16, 2), "float32")), slots=16, stream=NULL),
                     ("h", "stats"))
-    if entry == "subnorm_gemv_w2a8_add_norm_stats":  # the relu2 gate of gate_up [256]: K = 128
-        return Call(entry, dict(device=d, dtype=code, activation=0,
-                                x=put(values(rng, (256,), fd)),
-                                sub_norm_weight=put(values(rng, (128,), fd)), sub_eps=1e-5,
-                                w_packed=put(rng.integers(0, 255, 32 * 32, dtype=np.uint8)),
-                                w_scales=put(np.ones(32, np.float32)), M=32, K=128,
-                                h=put(values(rng, (32,), fd)), norm_weight=put(values(rng, (32,), fd)),
-                                stats=put(poison((16, 2), "float32")), slots=16, stream=NULL),
-                    ("h", "stats"))
     if entry in ("rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv"):
         stats = np.zeros((4, 2), np.float32)
         stats[0] = (128.0, 2.5)  # a sum of squares and max |h w| the values could have

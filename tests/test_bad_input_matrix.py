@@ -64,7 +64,6 @@ OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "
               "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv",
               "attention_rope_append_kv", "gemv_w2a8_rope_append_kv", "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8",
-              "subnorm_gemv_w2a8_add_norm_stats",
               "rmsnorm_gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
               "decode_layer_workspace_size")
@@ -334,23 +333,6 @@ MUTATIONS = {
     ] + pointers("w_packed", "w_scales", "x_q", "x_scale", "h", "norm_weight", "stats",
                  aligned=("w_packed", "w_scales", "x_q", "x_scale", "h", "norm_weight", "stats"))
       + overlaps(("x_scale", "h", ("x_scale", "h")), ("norm_weight", "h", ("h", "norm_weight"))),
-    "subnorm_gemv_w2a8_add_norm_stats": bad_devices() + non_positive(TERNARY, "M", "K") + [
-        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
-        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
-        Mutation("activation", 2, INVALID, "activation 2 is not BITNET_ACTIVATION_NONE (-1)"),
-        Mutation("activation", -2, INVALID, "activation -2 is not BITNET_ACTIVATION_NONE (-1)"),
-        Mutation("K", 130, UNSUPPORTED, "not a multiple of 128"),
-        Mutation("K", 16384, UNSUPPORTED, "over the CUDA kernel's limit for a normed input", "gpu"),
-        Mutation("M", 1 << 61, INVALID, "overflow a 64-bit byte count"),
-        Mutation("sub_eps", 0.0, INVALID, "eps must be finite and > 0"),
-        Mutation("sub_eps", math.inf, INVALID, "eps must be finite"),
-        Mutation("slots", 0, INVALID, "slots must be positive"),
-        Mutation("slots", BIG, INVALID, "overflow a 64-bit byte count"),
-        Mutation("slots", 1, INVALID, "stats has 1 slots, the launch needs 8", "gpu"),
-    ] + pointers("x", "sub_norm_weight", "w_packed", "w_scales", "h", "norm_weight", "stats",
-                 aligned=("x", "sub_norm_weight", "w_packed", "w_scales", "h", "norm_weight",
-                          "stats"))
-      + overlaps(("h", "x", ("x", "h")), ("norm_weight", "h", ("h", "norm_weight"))),
     "rmsnorm_gemv_w2a8": bad_devices() + non_positive(TERNARY, "M", "K") + [
         Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
         Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),

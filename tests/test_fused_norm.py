@@ -2,9 +2,8 @@
 (gemv_w2a8_add_norm_stats) against gemv_w2a8 then rmsnorm_quantize's residual add, bit for bit,
 and its statistics against float64; the consumers (rmsnorm_gemv_w2a8 and its RoPE form) against
 rmsnorm_quantize then gemv_w2a8 (bit for bit on the CPU, whose producer sums the squares in the
-CPU norm's order) and against the float64 norm (a code moves only at a near-tie); the sub-normed
-producer (subnorm_gemv_w2a8_add_norm_stats) against the sub-norm then the producer; the GPU
-against the CPU; bad input. The model's use: test_models.py."""
+CPU norm's order) and against the float64 norm (a code moves only at a near-tie); the GPU against
+the CPU; bad input. The model's use: test_models.py."""
 import re
 
 import numpy as np
@@ -170,45 +169,6 @@ def test_cpu_rope_consumer_is_the_consumer_then_rope(rng, dtype):
         np.testing.assert_array_equal(bits(got), bits(want))
 
 
-ACTIVATIONS = [None, "relu2", "silu"]
-# (M, K) of a sub-normed producer: 2B4T's o and down; a few rows
-SUB_PRODUCERS = [(2560, 2560), (2560, 6912), (96, 128)]
-
-
-def sub_input(rng, K, activation, dtype):
-    """The sub-norm's input (x [1, K], or gate_up [1, 2K] with an activation) and its weight."""
-    width = K if activation is None else 2 * K
-    return activations(rng, (1, width), dtype), norm_weight(rng, K, dtype)
-
-
-def unfused_sub_producer(x, sub_w, w, h, nw, activation, eps=EPS):
-    """The op sequence the sub-normed producer replaces, on h in place; returns the stats."""
-    if activation is None:
-        x_q, x_s = bn.rmsnorm_quantize(x, sub_w, eps=eps)
-    else:
-        x_q, x_s = bn.glu_rmsnorm_quantize(x, sub_w, activation=activation, eps=eps)
-    return bn.gemv_w2a8_add_norm_stats(w, x_q, x_s, h, nw)
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("shape", SUB_PRODUCERS)
-def test_cpu_sub_producer_is_the_sub_norm_then_the_producer(rng, dtype, activation, shape):
-    M, K = shape
-    x, sub_w = sub_input(rng, K, activation, dtype)
-    w = ternary(rng, M, K)
-    h, nw = activations(rng, (1, M), dtype, 3.0), norm_weight(rng, M, dtype)
-    want = h.copy()
-    want_stats = unfused_sub_producer(x, sub_w, w, want, nw, activation)
-    stats = np.full((3, 2), np.nan, np.float32)
-    assert bn.subnorm_gemv_w2a8_add_norm_stats(x, sub_w, w, h, nw, eps=EPS, activation=activation,
-                                               stats=stats) is stats
-    np.testing.assert_array_equal(bits(h), bits(want))
-    np.testing.assert_array_equal(stats[:1], want_stats)
-    np.testing.assert_array_equal(stats[1:], 0.0)
-
-
 @pytest.mark.cpu
 def test_cpu_rejects_and_leaves_the_outputs(rng):
     h, nw, stats = produced(rng, 256, 128, "bfloat16")
@@ -248,44 +208,6 @@ def test_cpu_rejects_and_leaves_the_outputs(rng):
     for call, error, fragment in bad:
         with pytest.raises(error, match=re.escape(fragment)):
             call()
-        assert [a.tobytes() for a in outputs] == before, fragment
-
-
-@pytest.mark.cpu
-def test_cpu_sub_producer_rejects_and_leaves_the_outputs(rng):
-    x, sub_w = sub_input(rng, 256, None, "bfloat16")
-    gate_up, _ = sub_input(rng, 256, "relu2", "bfloat16")
-    w = ternary(rng, 64, 256)
-    h, nw = activations(rng, (1, 64), "bfloat16"), norm_weight(rng, 64, "bfloat16")
-    stats = np.full((2, 2), np.nan, np.float32)
-    outputs = (h, stats)
-    before = [a.tobytes() for a in outputs]
-
-    def call(**changes):
-        args = dict(x=x, sub_norm_weight=sub_w, w=w, h=h, norm_weight=nw, stats=stats)
-        args.update(changes)
-        return lambda: bn.subnorm_gemv_w2a8_add_norm_stats(**args)
-
-    bad = [
-        (call(eps=0.0), InvalidArgumentError, "eps must be finite and > 0"),
-        (call(eps=float("nan")), InvalidArgumentError, "eps must be finite and > 0"),
-        (call(x=gate_up), InvalidArgumentError, "x: expected shape [1, 256]"),
-        (call(activation="relu2"), InvalidArgumentError, "x: expected shape [1, 512]"),
-        (call(activation="gelu"), InvalidArgumentError, "activation must be 'relu2' or 'silu'"),
-        (call(sub_norm_weight=sub_w[:64]), InvalidArgumentError,
-         "sub_norm_weight: expected shape [256]"),
-        (call(sub_norm_weight=sub_w.astype(np.float32)), InvalidArgumentError,
-         "sub_norm_weight: expected dtype bfloat16"),
-        (call(h=h.astype(np.float32)), InvalidArgumentError, "h: expected dtype bfloat16"),
-        (call(norm_weight=nw[:32]), InvalidArgumentError, "norm_weight: expected shape [64]"),
-        (call(stats=stats[:0]), InvalidArgumentError, "stats: expected at least one slot"),
-        (call(w=h), ArgumentTypeError, "w: expected TernaryWeights"),
-        (call(w=bn.TernaryWeights(w.packed, w.scales, np.ones((64, 1), np.float32))),
-         UnsupportedError, "block_scales"),
-    ]
-    for fn, error, fragment in bad:
-        with pytest.raises(error, match=re.escape(fragment)):
-            fn()
         assert [a.tobytes() for a in outputs] == before, fragment
 
 
@@ -409,67 +331,3 @@ def test_gpu_chain_codes_against_float64(rng, dtype):
     assert not ((codes != want[0]) & ~near_tie[0]).any()
     nonzero = codes != 0
     np.testing.assert_allclose(codes[nonzero] / y[nonzero], want_scale[0], rtol=4 * SCALE_RTOL)
-
-
-def exact_sum_input(rng, K, activation, dtype):
-    """A sub-norm input whose squares (of v: x, or the relu2 gate of gate_up) add up exactly in
-    float32 in any order (multiples of 1/8 of magnitude <= 1, at most 8192 of them: 19 bits), so
-    that the GPU's 1 / RMS is the CPU's and the codes match bit for bit."""
-    if activation is None:
-        x = rng.integers(-8, 9, (1, K)) / 8.0
-    else:
-        x = np.concatenate([rng.integers(0, 3, (1, K)) / 2.0, rng.integers(-2, 3, (1, K)) / 2.0],
-                           axis=1)
-    return x.astype(_arrays.numpy_dtype(dtype)), norm_weight(rng, K, dtype)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("activation", [None, "relu2"])
-@pytest.mark.parametrize("shape", SUB_PRODUCERS)
-def test_gpu_sub_producer_equals_the_cpu_where_the_sums_are_exact(rng, dtype, activation, shape):
-    """h bit for bit (the block's own sum of squares is the CPU norm's exactly here); the slots'
-    sum within float32 rounding of the CPU's, the max exact, every slot written."""
-    import torch
-    M, K = shape
-    x, sub_w = exact_sum_input(rng, K, activation, dtype)
-    w = ternary(rng, M, K)
-    h, nw = activations(rng, (1, M), dtype, 3.0), norm_weight(rng, M, dtype)
-    th = to_gpu(h)
-    stats = torch.full((bn.norm_stats_slots(0), 2), float("nan"), device="cuda")
-    bn.subnorm_gemv_w2a8_add_norm_stats(to_gpu(x), to_gpu(sub_w), gpu_weights(w), th, to_gpu(nw),
-                                        eps=EPS, activation=activation, stats=stats)
-    want = bn.subnorm_gemv_w2a8_add_norm_stats(x, sub_w, w, h, nw, eps=EPS, activation=activation)
-    got = stats.cpu().numpy()
-    np.testing.assert_array_equal(bits(to_host(th, h)), bits(h))
-    assert not np.isnan(got).any()
-    np.testing.assert_allclose(got[:, 0].sum(dtype=np.float64), want[0, 0],
-                               rtol=max(M / 16, 16) * 2.0**-24)
-    assert got[:, 1].max() == want[0, 1]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_gpu_sub_producer_against_the_unfused_gpu_ops(rng, activation):
-    """Normal inputs, 2B4T's o and down shapes: h against the GPU's sub-norm op then producer op.
-    The two sums of squares may round apart, moving a code at a near-tie by one: an output then
-    moves by at most w_scale / x_scale per moved code (ternary weights) beside the rounding of h
-    and of the projection to bfloat16; the bound allows 4 moved codes."""
-    import torch
-    M, K = (2560, 2560) if activation is None else (2560, 6912)
-    x, sub_w = sub_input(rng, K, activation, "bfloat16")
-    w = ternary(rng, M, K)
-    h, nw = activations(rng, (1, M), "bfloat16", 3.0), norm_weight(rng, M, "bfloat16")
-    tw, tx, ts, tn = gpu_weights(w), to_gpu(x), to_gpu(sub_w), to_gpu(nw)
-    got, want = to_gpu(h), to_gpu(h)
-    bn.subnorm_gemv_w2a8_add_norm_stats(tx, ts, tw, got, tn, eps=EPS, activation=activation)
-    if activation is None:
-        x_q, x_s = bn.rmsnorm_quantize(tx, ts, eps=EPS)
-    else:
-        x_q, x_s = bn.glu_rmsnorm_quantize(tx, ts, activation=activation, eps=EPS)
-    bn.gemv_w2a8_add_norm_stats(tw, x_q, x_s, want, tn)
-    got64, want64 = got.double().cpu().numpy()[0], want.double().cpu().numpy()[0]
-    step = w.scales.astype(np.float64) / float(x_s.cpu()[0])
-    ulp = 2.0**-7 * np.maximum(np.abs(want64), 2.0**-126)
-    assert (np.abs(got64 - want64) <= 4 * step + 2 * ulp).all()
-    assert torch.isfinite(got).all()

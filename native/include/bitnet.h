@@ -198,7 +198,6 @@ bitnet_status bitnet_rmsnorm(int32_t device, int32_t dtype, int64_t T, int64_t H
 
 /* The activation of a gated linear unit's gate: out = act(gate) * up. */
 typedef enum {
-    BITNET_ACTIVATION_NONE = -1, /* no gate: the input as it is (bitnet_subnorm_gemv_w2a8_add_norm_stats) */
     BITNET_ACTIVATION_RELU2 = 0, /* max(g, 0)^2 (BitNet b1.58 2B4T) */
     BITNET_ACTIVATION_SILU = 1   /* g / (1 + e^-g) (Llama-architecture models: SwiGLU) */
 } bitnet_activation;
@@ -390,30 +389,6 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dt
                                                       void *v_cache /* [C, Hkv, D] */, int64_t C,
                                                       const int32_t *position /* [1] */,
                                                       float theta, void *stream);
-
-/* h[m] += y[m] and the statistics of the new h with norm_weight into stats, as
- * bitnet_gemv_w2a8_add_norm_stats, for y = bitnet_gemv_w2a8 of one token on the int8 codes of
- * rmsnorm(v) * sub_norm_weight (sub_eps > 0; bitnet_rmsnorm's y_q and y_scales rules), the norm's
- * sum of squares and max taken by the op itself: v = x [K] with BITNET_ACTIVATION_NONE, or with a
- * bitnet_activation the GLU gate of x = gate_up [2K] (bitnet_glu_gate's values). The o and down
- * projections of a one-sequence decode step, with the sub-norm before them inside them. On the
- * CPU the result is bitnet_rmsnorm (bitnet_glu_rmsnorm) then bitnet_gemv_w2a8_add_norm_stats, bit
- * for bit; on a GPU the codes are those wherever the two float32 sums of squares, added in
- * different orders, give the same 1 / RMS (else a code may move by one). dtype: float16 or
- * bfloat16 (float32 too on the CPU) for x, sub_norm_weight, h and norm_weight; x and
- * sub_norm_weight 16-byte aligned. On a GPU, K <= 8192. slots: at least bitnet_norm_stats_slots.
- * No arrays may overlap. Programmatic dependent launch on a GPU. */
-bitnet_status bitnet_subnorm_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
-                                                      int32_t activation,
-                                                      const void *x /* [K], or gate_up [2K] */,
-                                                      const void *sub_norm_weight /* [K] */,
-                                                      float sub_eps,
-                                                      const uint8_t *w_packed /* [M, K/4] */,
-                                                      const float *w_scales /* [M] */, int64_t M,
-                                                      int64_t K, void *h /* [M] in/out */,
-                                                      const void *norm_weight /* [M] */,
-                                                      float *stats /* [slots, 2] */,
-                                                      int64_t slots, void *stream);
 
 /* Gate of a GLU on the fused gate|up projection: out[t, f] = act(gate_up[t, f]) * gate_up[t, F + f],
  * computed in float32; act (a bitnet_activation): relu2 max(g, 0)^2, or silu g / (1 + e^-g) with

@@ -1,6 +1,5 @@
-/* Public entry points of the RMSNorms fused into the GEMVs around them (the input norms, and the
- * sub-norms before the o and down projections): argument checks and dispatch to
- * cpu/gemv_w2a8_norm.c or cuda/gemv_w2a8.cu. */
+/* Public entry points of the input RMSNorm fused into the GEMVs around it: argument checks and
+ * dispatch to cpu/gemv_w2a8_norm.c or cuda/gemv_w2a8.cu. */
 #include <math.h>
 #include <stdio.h>
 
@@ -125,35 +124,4 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(
     return BN_CUDA(bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(
         device, dtype, h, norm_weight, stats, slots, eps, w_packed, w_scales, K, Hq, Hkv, D, q,
         k_cache, v_cache, C, position, theta, stream));
-}
-
-bitnet_status bitnet_subnorm_gemv_w2a8_add_norm_stats(
-    int32_t device, int32_t dtype, int32_t activation, const void *x, const void *sub_norm_weight,
-    float sub_eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K, void *h,
-    const void *norm_weight, float *stats, int64_t slots, void *stream) {
-    static const char fn[] = "bitnet_subnorm_gemv_w2a8_add_norm_stats";
-    BN_TRY(check_normed_input(fn, device, dtype, K, 1, sub_eps)); /* no stats slots in */
-    BN_CHECK(activation == BITNET_ACTIVATION_NONE || activation == BITNET_ACTIVATION_RELU2 ||
-                 activation == BITNET_ACTIVATION_SILU,
-             "%s: activation %d is not BITNET_ACTIVATION_NONE (-1), BITNET_ACTIVATION_RELU2 (0) or "
-             "BITNET_ACTIVATION_SILU (1)", fn, activation);
-    BN_TRY(bn_check_ternary_shape(fn, "M", M, K));
-    BN_TRY(check_slots(fn, slots));
-    const int64_t size = bn_dtype_size(dtype);
-    const int64_t x_count = activation == BITNET_ACTIVATION_NONE ? K : 2 * K;
-    const bn_array arrays[] = {{"x", x, x_count * size, 16, BN_READ},
-                               {"sub_norm_weight", sub_norm_weight, K * size, 16, BN_READ},
-                               {"w_packed", w_packed, M * K / 4, 16, BN_READ},
-                               {"w_scales", w_scales, M * 4, 4, BN_READ},
-                               {"h", h, M * size, size, BN_WRITTEN},
-                               {"norm_weight", norm_weight, M * size, size, BN_READ},
-                               {"stats", stats, slots * 8, 8, BN_WRITTEN}};
-    BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
-    if (device == BITNET_DEVICE_CPU)
-        return bn_cpu_subnorm_gemv_w2a8_add_norm_stats(dtype, activation, x, sub_norm_weight,
-                                                       sub_eps, w_packed, w_scales, M, K, h,
-                                                       norm_weight, stats, slots);
-    return BN_CUDA(bn_cuda_subnorm_gemv_w2a8_add_norm_stats(
-        device, dtype, activation, x, sub_norm_weight, sub_eps, w_packed, w_scales, M, K, h,
-        norm_weight, stats, slots, stream));
 }

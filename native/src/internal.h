@@ -399,10 +399,6 @@ bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
     float eps, const uint8_t *w_packed, const float *w_scales, int64_t K, int64_t Hq, int64_t Hkv,
     int64_t D, void *q, void *k_cache, void *v_cache, int64_t C, const int32_t *position,
     float theta);
-bitnet_status bn_cpu_subnorm_gemv_w2a8_add_norm_stats(
-    int32_t dtype, int32_t activation, const void *x, const void *sub_norm_weight, float sub_eps,
-    const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K, void *h,
-    const void *norm_weight, float *stats, int64_t slots);
 /* The CUDA consumers' limits (the one-token kernel's registers and lanes hold that much). */
 enum { BN_CUDA_NORMED_MAX_K = 8192, BN_CUDA_NORMED_MAX_SLOTS = 512 };
 bitnet_status bn_cuda_norm_stats_slots(int32_t device, int64_t *slots);
@@ -422,10 +418,6 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(
     int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t K,
     int64_t Hq, int64_t Hkv, int64_t D, void *q, void *k_cache, void *v_cache, int64_t C,
     const int32_t *position, float theta, void *stream);
-bitnet_status bn_cuda_subnorm_gemv_w2a8_add_norm_stats(
-    int32_t device, int32_t dtype, int32_t activation, const void *x, const void *sub_norm_weight,
-    float sub_eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K, void *h,
-    const void *norm_weight, float *stats, int64_t slots, void *stream);
 /* bitnet_decode_layer: the CPU runs the unfused sequence of its CPU ops through the workspace
  * (cpu/decode_layer.c); the GPU runs one cooperative kernel (cuda/decode_layer.cu). */
 int64_t bn_cpu_decode_layer_workspace_size(int32_t dtype, const bitnet_decode_layer_config *c);

@@ -1,6 +1,5 @@
-/* CPU backend of the RMSNorms fused into the GEMVs (bitnet_gemv_w2a8_add_norm_stats,
- * bitnet_rmsnorm_gemv_w2a8 and its RoPE form, bitnet_subnorm_gemv_w2a8_add_norm_stats): the plain
- * ops through rows of their own. The producer
+/* CPU backend of the input RMSNorm fused into the GEMVs (bitnet_gemv_w2a8_add_norm_stats,
+ * bitnet_rmsnorm_gemv_w2a8 and its RoPE form): the plain ops through rows of their own. The producer
  * leaves the whole row's statistics in slot 0, its sum of squares added in the order of the CPU
  * norm (so that the CPU's codes are bitnet_rmsnorm's, bit for bit); the consumers sum every slot in order, so that they
  * also take a GPU producer's slots, and where the float32 mean square is not a normal float they
@@ -99,25 +98,6 @@ bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
     bitnet_status status = bn_cpu_gemv_w2a8_rope_append_kv(dtype, w_packed, w_scales, K, x_q,
                                                            &x_scale, Hq, Hkv, D, q, k_cache,
                                                            v_cache, C, position, theta);
-    free(x_q);
-    return status;
-}
-
-bitnet_status bn_cpu_subnorm_gemv_w2a8_add_norm_stats(
-    int32_t dtype, int32_t activation, const void *x, const void *sub_norm_weight, float sub_eps,
-    const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K, void *h,
-    const void *norm_weight, float *stats, int64_t slots) {
-    int8_t *x_q = malloc((size_t)K);
-    if (x_q == NULL) return no_memory("bitnet_subnorm_gemv_w2a8_add_norm_stats", K);
-    float x_scale;
-    bitnet_status status =
-        activation == BITNET_ACTIVATION_NONE
-            ? bn_cpu_rmsnorm(dtype, 1, K, x, NULL, sub_norm_weight, sub_eps, NULL, x_q, &x_scale)
-            : bn_cpu_glu_rmsnorm(dtype, 1, K, activation, x, sub_norm_weight, sub_eps, NULL, x_q,
-                                 &x_scale);
-    if (status == BITNET_OK)
-        status = bn_cpu_gemv_w2a8_add_norm_stats(dtype, w_packed, w_scales, M, K, x_q, &x_scale, h,
-                                                 norm_weight, stats, slots);
     free(x_q);
     return status;
 }

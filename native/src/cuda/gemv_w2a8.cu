@@ -25,10 +25,7 @@
  *     the block's sum of squares and max |v w| of the new residual in its stats slot;
  *   - bitnet_rmsnorm_gemv_w2a8 (and its RoPE form), a prologue that makes x from h and those slots:
  *     every warp sums the slots and every block quantizes the RMSNorm of h itself, so no norm
- *     kernel runs between the two GEMVs;
- *   - bitnet_subnorm_gemv_w2a8_add_norm_stats, the add-stats epilogue after a prologue in which
- *     every block also sums the squares of its input (or of the GLU gate it makes from gate|up)
- *     itself: the sub-norm before the o and down projections, no kernel of its own.
+ *     kernel runs between the two GEMVs.
  * Programmatic dependent launch: the first weight loads and the weight scales are issued before
  * griddepcontrol.wait, x and its scales are read after it. Bytes: M*K/4 + N*K + N*M*4. H100, L2
  * cold (bench_gemv.py, BENCHMARKS.md, 2026-11-26): 55296x5120 24.0 us = 2960 GB/s (95% of read
@@ -192,10 +189,7 @@ struct AddStatsArgs {
 };
 
 /* The consumer's prologue (kNormed): x = the int8 codes of rmsnorm(h) * norm_weight with eps, as
- * bitnet_rmsnorm's y_q and y_scales, 1 / RMS from the summed slots. kSubNormed: the same codes with
- * the sum of squares and the max taken by each block itself over all of h (no slots), where h is
- * the input itself or, with a GATE, the GLU gate of gate_up [2K] made on the way (bn_glu rounded
- * to T, as bitnet_glu_gate stores it). */
+ * bitnet_rmsnorm's y_q and y_scales, 1 / RMS from the summed slots. */
 struct NormedInputArgs {
     const void *h;
     const void *norm_weight;
@@ -204,8 +198,7 @@ struct NormedInputArgs {
     float eps;
 };
 
-enum OneTokenInput { kCodes, kNormed, kSubNormed };
-constexpr int kNoGate = -1; /* GATE of an input that is not a GLU's gate|up */
+enum OneTokenInput { kCodes, kNormed };
 enum OneTokenOutput { kStore, kRope, kAddStats };
 
 struct FusedArgs {
@@ -261,9 +254,6 @@ template <typename T> __device__ __forceinline__ float element(const uint4 &v, i
     else return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
 
-__device__ __forceinline__ unsigned short bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
-__device__ __forceinline__ unsigned short bits16(__half v) { return __half_as_ushort(v); }
-
 /* This thread's pieces of a K-vector of T for the normed input: 16 values (two 16-byte vectors) at
  * piece threadIdx.x + i * kThreads, zeros past K / 16. */
 __device__ __forceinline__ void load_pieces(const void *src, int K, uint4 (&out)[kNormedPieces][2]) {
@@ -275,51 +265,6 @@ __device__ __forceinline__ void load_pieces(const void *src, int K, uint4 (&out)
             out[i][1] = static_cast<const uint4 *>(src)[2 * piece + 1];
         }
     }
-}
-
-/* The GLU gate of this thread's pieces of gate_up [2K] (gate columns first), as load_pieces gives
- * the pieces of h: bn_glu<GATE> rounded to T, packed as T. */
-template <typename T, int GATE>
-__device__ __forceinline__ void load_gated_pieces(const void *gate_up, int K, uint4 (&out)[kNormedPieces][2]) {
-    uint4 gate[kNormedPieces][2] = {}, up[kNormedPieces][2] = {};
-    load_pieces(gate_up, K, gate);
-    load_pieces(static_cast<const T *>(gate_up) + K, K, up);
-#pragma unroll
-    for (int i = 0; i < kNormedPieces; i++)
-#pragma unroll
-        for (int v = 0; v < 2; v++) {
-            uint32_t words[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const T lo = from_float<T>(bn_glu<GATE>(element<T>(gate[i][v], 2 * q), element<T>(up[i][v], 2 * q)));
-                const T hi = from_float<T>(bn_glu<GATE>(element<T>(gate[i][v], 2 * q + 1), element<T>(up[i][v], 2 * q + 1)));
-                words[q] = static_cast<uint32_t>(bits16(lo)) | static_cast<uint32_t>(bits16(hi)) << 16;
-            }
-            out[i][v] = make_uint4(words[0], words[1], words[2], words[3]);
-        }
-}
-
-/* kSubNormed: the block's sum of h^2 and max |h w| over this thread's pieces and then every thread's,
- * in a fixed order (lanes by shuffles, then the warps); every thread gets the result. */
-template <typename T>
-__device__ __forceinline__ NormStats block_stats(const uint4 (&h)[kNormedPieces][2], const uint4 (&w)[kNormedPieces][2]) {
-    NormStats v = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < kNormedPieces; i++)
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const float e = element<T>(h[i][j / 8], j % 8);
-            v = combine(v, {e * e, fabsf(e * element<T>(w[i][j / 8], j % 8))});
-        }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) v = shuffle_combine(v, offset);
-    __shared__ NormStats warps[kWarps];
-    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = v;
-    __syncthreads();
-    v = warps[0];
-#pragma unroll
-    for (int warp = 1; warp < kWarps; warp++) v = combine(v, warps[warp]);
-    return v;
 }
 
 /* 16 codes of the normed input from 16 values of h and of the norm weight (two 16-byte vectors
@@ -345,13 +290,10 @@ __device__ __forceinline__ int4 normed_codes(const uint4 (&h)[2], const uint4 (&
 /* PREFETCH: how many steps after the first the kernel requests into L2 while it stages x (see
  * below); 0 for rows of at most 2 steps. BLOCK_MAJOR_TAIL: where the tiles take more than one
  * round of the grid's warps (see below). T: void for the plain GEMV, else the dtype of the fused
- * forms' h, residual, q and caches. INPUT: x as codes, or normed from h (NormedInputArgs: with the
- * slots' statistics, or the block's own). GATE: kNoGate, or the bitnet_activation of a kSubNormed
- * gate_up. OUTPUT: y stored, rotated (RopeArgs: the rows in rope_row's order) or added
- * (AddStatsArgs). */
-template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT, int GATE>
+ * forms' h, residual, q and caches. INPUT: x as codes, or normed from h (NormedInputArgs). OUTPUT:
+ * y stored, rotated (RopeArgs: the rows in rope_row's order) or added (AddStatsArgs). */
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT>
 __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f) {
-    constexpr bool kNormedInput = INPUT == kNormed || INPUT == kSubNormed;
     constexpr bool kRotate = OUTPUT == kRope;
     const RopeArgs &rope = f.rope;
     extern __shared__ int4 shared[];
@@ -438,7 +380,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
     double freq = inv_freq(tile);
     float norm_w = row_norm_weight(tile);
     uint4 in_w[kNormedPieces][2] = {};
-    if constexpr (kNormedInput) load_pieces(f.in.norm_weight, a.K, in_w);
+    if constexpr (INPUT == kNormed) load_pieces(f.in.norm_weight, a.K, in_w);
     bn_pdl_launch_dependents();
     bn_pdl_wait();
     const int position = kRotate ? *rope.position : 0;
@@ -451,11 +393,10 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
         prefetch(tile, step);
     float x_scale;
     int x_sum = 0;
-    if constexpr (kNormedInput) {
+    if constexpr (INPUT == kNormed) {
         uint4 h[kNormedPieces][2] = {};
-        if constexpr (GATE == kNoGate) load_pieces(f.in.h, a.K, h);
-        else load_gated_pieces<T, GATE>(f.in.h, a.K, h);
-        const NormStats all = INPUT == kNormed ? sum_slots(f.in) : block_stats<T>(h, in_w);
+        load_pieces(f.in.h, a.K, h);
+        const NormStats all = sum_slots(f.in);
         /* 1 / RMS and the code scale, with bitnet_rmsnorm's rules (inverse_rms with eps > 0,
          * row_scale in rmsnorm.cu): where the float32 mean square is not a normal float, from the
          * float64 sum of squares of h (every thread takes this branch or none) */
@@ -576,12 +517,12 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
 
 template <int PREFETCH, bool BLOCK_MAJOR_TAIL>
 __global__ __launch_bounds__(kThreads) void gemv_one_token(const GemvArgs a) {
-    one_token<PREFETCH, BLOCK_MAJOR_TAIL, void, kCodes, kStore, kNoGate>(a, FusedArgs{});
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL, void, kCodes, kStore>(a, FusedArgs{});
 }
 
-template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT, int GATE>
+template <int PREFETCH, bool BLOCK_MAJOR_TAIL, typename T, int INPUT, int OUTPUT>
 __global__ __launch_bounds__(kThreads) void gemv_one_token_fused(const GemvArgs a, const FusedArgs f) {
-    one_token<PREFETCH, BLOCK_MAJOR_TAIL, T, INPUT, OUTPUT, GATE>(a, f);
+    one_token<PREFETCH, BLOCK_MAJOR_TAIL, T, INPUT, OUTPUT>(a, f);
 }
 
 /* d += A B, A 16x32 unsigned bytes, B 32x8 signed bytes. */
@@ -909,38 +850,39 @@ GemvArgs gemv_args(const uint8_t *w_packed, const float *w_scales, int64_t M, in
 }
 
 /* A fused form of the one-token launch: the plain GEMV's plan for M x K. With `max_blocks` > 0 a
- * grid of more blocks is refused (the producer's stats slots; fn names the entry point). */
-template <typename T, int INPUT, int OUTPUT, int GATE>
+ * grid of more blocks is refused (the producer's stats slots). */
+template <typename T, int INPUT, int OUTPUT>
 bitnet_status launch_fused(const BnGpu &gpu, const GemvArgs &a, const FusedArgs &f, int64_t max_blocks,
-                           const char *fn, cudaStream_t stream) {
+                           cudaStream_t stream) {
     const OneTokenPlan p = plan_one_token(gpu, a.M, a.K);
-    auto kernel = p.long_rows ? (p.rounds ? gemv_one_token_fused<kPrefetchSteps, true, T, INPUT, OUTPUT, GATE>
-                                          : gemv_one_token_fused<kPrefetchSteps, false, T, INPUT, OUTPUT, GATE>)
-                              : (p.rounds ? gemv_one_token_fused<0, true, T, INPUT, OUTPUT, GATE>
-                                          : gemv_one_token_fused<0, false, T, INPUT, OUTPUT, GATE>);
+    auto kernel = p.long_rows ? (p.rounds ? gemv_one_token_fused<kPrefetchSteps, true, T, INPUT, OUTPUT>
+                                          : gemv_one_token_fused<kPrefetchSteps, false, T, INPUT, OUTPUT>)
+                              : (p.rounds ? gemv_one_token_fused<0, true, T, INPUT, OUTPUT>
+                                          : gemv_one_token_fused<0, false, T, INPUT, OUTPUT>);
     int64_t resident = 0;
     BN_TRY(resident_blocks(gpu, reinterpret_cast<const void *>(kernel), kThreads, p.per_sm, p.shared_bytes,
                            &resident));
     const int64_t blocks = p.work_blocks < resident ? p.work_blocks : resident;
     if (max_blocks > 0 && blocks > max_blocks)
-        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "%s: stats has %lld slots, the launch needs %lld "
-                       "(bitnet_norm_stats_slots gives the count)", fn, (long long)max_blocks, (long long)blocks);
+        return bn_fail(BITNET_ERR_INVALID_ARGUMENT, "bitnet_gemv_w2a8_add_norm_stats: stats has %lld slots, the "
+                       "launch needs %lld (bitnet_norm_stats_slots gives the count)", (long long)max_blocks,
+                       (long long)blocks);
     BN_CUDA_TRY(bn_launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), p.shared_bytes,
                               stream, a, f));
     return BITNET_OK;
 }
 
 /* A fused form's launch on `device` (current for the call), in either dtype of the fused forms. */
-template <int INPUT, int OUTPUT, int GATE = kNoGate>
+template <int INPUT, int OUTPUT>
 bitnet_status launch_fused(int32_t device, int32_t dtype, const GemvArgs &a, const FusedArgs &f, int64_t max_blocks,
-                           const char *fn, void *stream) {
+                           void *stream) {
     BnDeviceGuard guard;
     BN_CUDA_ENTER(guard, device);
     BnGpu gpu{device, 0};
     BN_TRY(bn_cuda_sm_count(device, &gpu.sms));
     cudaStream_t s = bn_stream(stream);
-    return dtype == BITNET_DTYPE_BF16 ? launch_fused<__nv_bfloat16, INPUT, OUTPUT, GATE>(gpu, a, f, max_blocks, fn, s)
-                                      : launch_fused<__half, INPUT, OUTPUT, GATE>(gpu, a, f, max_blocks, fn, s);
+    return dtype == BITNET_DTYPE_BF16 ? launch_fused<__nv_bfloat16, INPUT, OUTPUT>(gpu, a, f, max_blocks, s)
+                                      : launch_fused<__half, INPUT, OUTPUT>(gpu, a, f, max_blocks, s);
 }
 
 /* The one-token kernel's row limit. */
@@ -1005,7 +947,7 @@ bitnet_status bn_cuda_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, co
     FusedArgs f{};
     f.rope = rope_args(q, k_cache, v_cache, position, theta, Hq, Hkv, D, C);
     return launch_fused<kCodes, kRope>(device, dtype, gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1),
-                                       f, 0, "bitnet_gemv_w2a8_rope_append_kv", stream);
+                                       f, 0, stream);
 }
 
 bitnet_status bn_cuda_norm_stats_slots(int32_t device, int64_t *slots) {
@@ -1027,7 +969,7 @@ bitnet_status bn_cuda_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype, co
                          static_cast<int>(slots < INT32_MAX ? slots : INT32_MAX)};
     return launch_fused<kCodes, kAddStats>(device, dtype,
                                            gemv_args(w_packed, w_scales, M, K, x_q, x_scale, nullptr, dtype, 1), f,
-                                           slots, "bitnet_gemv_w2a8_add_norm_stats", stream);
+                                           slots, stream);
 }
 
 bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void *h, const void *norm_weight,
@@ -1039,7 +981,7 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const voi
     f.in = normed_input(h, norm_weight, stats, slots, eps);
     return launch_fused<kNormed, kStore>(device, dtype,
                                          gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, y, y_dtype, 1), f, 0,
-                                         "bitnet_rmsnorm_gemv_w2a8", stream);
+                                         stream);
 }
 
 bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, const void *h,
@@ -1054,26 +996,5 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t d
     f.in = normed_input(h, norm_weight, stats, slots, eps);
     return launch_fused<kNormed, kRope>(device, dtype,
                                         gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, nullptr, dtype, 1), f, 0,
-                                        "bitnet_rmsnorm_gemv_w2a8_rope_append_kv", stream);
-}
-
-bitnet_status bn_cuda_subnorm_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype, int32_t activation, const void *x,
-                                                       const void *sub_norm_weight, float sub_eps,
-                                                       const uint8_t *w_packed, const float *w_scales, int64_t M,
-                                                       int64_t K, void *h, const void *norm_weight, float *stats,
-                                                       int64_t slots, void *stream) {
-    static const char fn[] = "bitnet_subnorm_gemv_w2a8_add_norm_stats";
-    BN_TRY(check_rows(fn, M));
-    FusedArgs f{};
-    f.in = normed_input(x, sub_norm_weight, nullptr, 0, sub_eps);
-    f.add = AddStatsArgs{h, norm_weight, reinterpret_cast<NormStats *>(stats),
-                         static_cast<int>(slots < INT32_MAX ? slots : INT32_MAX)};
-    const GemvArgs a = gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, nullptr, dtype, 1);
-    switch (activation) {
-        case BITNET_ACTIVATION_RELU2:
-            return launch_fused<kSubNormed, kAddStats, BITNET_ACTIVATION_RELU2>(device, dtype, a, f, slots, fn, stream);
-        case BITNET_ACTIVATION_SILU:
-            return launch_fused<kSubNormed, kAddStats, BITNET_ACTIVATION_SILU>(device, dtype, a, f, slots, fn, stream);
-        default: return launch_fused<kSubNormed, kAddStats>(device, dtype, a, f, slots, fn, stream);
-    }
+                                        stream);
 }
