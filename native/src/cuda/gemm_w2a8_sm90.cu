@@ -89,6 +89,10 @@ __device__ __forceinline__ uint64_t x_descriptor(uint32_t address) { return swiz
 __device__ __forceinline__ void cluster_sync() {
     BN_SM90A_ASM("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+/* The cluster barrier in halves and without the release (a GPU-scope fence, which waits for this
+ * thread's stores): for ordering execution alone. */
+__device__ __forceinline__ void cluster_arrive_relaxed() { BN_SM90A_ASM("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { BN_SM90A_ASM("barrier.cluster.wait.aligned;\n" ::: "memory"); }
 
 /* The shared::cluster address of shared-memory address `address` in block `rank` of the cluster. */
 __device__ __forceinline__ uint32_t cluster_address(uint32_t address, int rank) {
@@ -379,6 +383,9 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
             }
         }
         wait_phase(summed_address, 0);
+        /* This block's share has every reduction into it, so the others' tiles are done with their
+         * reductions into it; once all have arrived, every tile has been read (below). */
+        cluster_arrive_relaxed();
     } else {
         __syncthreads();
     }
@@ -399,7 +406,7 @@ __global__ __launch_bounds__(kThreads, (Shape<MT, STAGES, TOKENS>::kBlocksPerSM)
         }
         store8(a, n, m, make_uint4(v[0], v[1], v[2], v[3]), make_uint4(v[4], v[5], v[6], v[7]), vector && m + 8 <= a.M);
     }
-    if constexpr (SPLIT > 1) cluster_sync(); /* every block's tile stays until the others' reductions have read it */
+    if constexpr (SPLIT > 1) cluster_wait(); /* every block's tile stays until the others' reductions have read it */
 }
 
 template <int MT, int STAGES, int SPLIT, bool PIECES = false, int TOKENS = 128>
