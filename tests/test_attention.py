@@ -127,6 +127,8 @@ GPU_DECODE_CASES = [  # (B, Sq, Hq, Hkv, D, C)
     (1, 1, 20, 5, 128, 9000), (1, 1, 16, 2, 64, 20000),
     # more (sequence, KV head) groups than half the SMs: split-KV with the merge kernel, not clusters
     (12, 1, 48, 8, 128, 2000),
+    # 40 groups: clusters of 2-stage blocks, two per SM (sm_90)
+    (8, 1, 20, 5, 128, 1000),
     # D = 256 (Falcon3: 12 / 4 heads): always the split path with its merge kernel
     (1, 1, 12, 4, 256, 1), (1, 1, 12, 4, 256, 4096), (3, 1, 12, 4, 256, 1000), (2, 5, 12, 4, 256, 300),
     (1, 1, 12, 4, 256, 40000), (1, 16, 8, 2, 256, 333), (8, 1, 12, 4, 256, 2000)]

@@ -97,9 +97,10 @@ def to_host(t, dtype):
 
 
 # the split-KV paths the decode kernel takes: (B, Hq, Hkv, D, C) for one sequence at 2B4T's heads
-# (a cluster of splits), 8 and 64 sequences (splits merged by the merge kernel; one split), and
-# the CPU cases
-GPU_CASES = CASES + [(8, 20, 5, 128, 1024), (64, 20, 5, 128, 300)]
+# (a cluster of splits, one block per SM), 7 and 8 sequences and 48 groups at D = 64 (clusters of
+# blocks sharing SMs, on sm_90), 64 sequences (one split), and the CPU cases
+GPU_CASES = CASES + [(8, 20, 5, 128, 1024), (7, 20, 5, 128, 2000), (12, 16, 4, 64, 700),
+                     (64, 20, 5, 128, 300)]
 
 
 @pytest.mark.gpu
@@ -125,7 +126,7 @@ def test_gpu_fused_equals_the_two_ops_on_the_gpu_and_the_cpu_within_the_bound(rn
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("B", [1, 8])  # a cluster of splits; splits and the merge kernel
+@pytest.mark.parametrize("B", [1, 8, 16])  # clusters (one block per SM, two); merge kernel
 def test_gpu_device_position_out_of_range_gives_nan_and_writes_nothing(rng, B):
     import torch
     Hq, Hkv, D, C = 20, 5, 128, 200

@@ -359,7 +359,8 @@ def largest_finite(a):
 
 
 # (B, Sq, Hq, Hkv, D, C, seq_lens), each through one GPU path: the decode kernel with one split, in a
-# cluster, and with the merge kernel (64 groups), the last two also with several tiles per split
+# cluster (one block per SM, and 64 groups of blocks two per SM on sm_90), and with the merge kernel
+# (128 groups), the last three also with several tiles per split
 # (a split takes every n-th tile, and so does the redo that a hidden non-finite value triggers);
 # the prefill kernel with 64-row and 128-row blocks, and the wgmma kernel on an H100, in several
 # waves and in about one (the demo's 960-token prompt; the last three on the GPU only: they are
@@ -368,8 +369,9 @@ HIDDEN_KEY_CASES = [
     ((1, 2, 1, 1, 64, 3, None), "decode", BACKENDS),
     ((1, 4, 20, 5, 128, 1000, None), "decode-cluster", BACKENDS),
     ((1, 4, 20, 5, 128, 8000, None), "decode-cluster-long", BACKENDS),
-    ((4, 3, 16, 16, 64, 200, [200, 77, 3, 130]), "decode-merge", BACKENDS),
-    ((4, 3, 16, 16, 64, 2000, [2000, 777, 3, 1300]), "decode-merge-long", BACKENDS),
+    ((4, 3, 16, 16, 64, 2000, [2000, 777, 3, 1300]), "decode-cluster-shared-sms", BACKENDS),
+    ((4, 3, 32, 32, 64, 200, [200, 77, 3, 130]), "decode-merge", BACKENDS),
+    ((4, 3, 32, 32, 64, 2000, [2000, 777, 3, 1300]), "decode-merge-long", BACKENDS),
     ((2, 150, 4, 2, 128, 300, [300, 151]), "prefill", BACKENDS),
     ((1, 1100, 32, 8, 64, 1100, None), "prefill-wide", BACKENDS[1:]),
     ((1, 1500, 32, 8, 128, 1500, None), "prefill-wgmma", BACKENDS[1:]),

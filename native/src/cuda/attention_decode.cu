@@ -5,8 +5,9 @@
  * num_splits-th 64-key tile through shared memory (cp.async); each warp does q.k and p.v for 16
  * keys of a tile with mma.sync m16n8k16. The splits of a group merge in one of two ways:
  * - cluster path (sm_90, few groups, e.g. batch 1): the splits are one thread-block cluster, one
- *   block per SM with 4 to 6 tile stages; each pushes its partial into the shared memory of the
- *   blocks that own the outputs (st.async), which finish them: no workspace, no second kernel;
+ *   block per SM with 4 to 6 tile stages (with more groups, e.g. batch 8, two blocks per SM with
+ *   2); each pushes its partial into the shared memory of the blocks that own the outputs
+ *   (st.async), which finish them: no workspace, no second kernel;
  * - split path: about 3 blocks per SM (1 at D = 256, whose 2 stages take 136 KB), 2 tile stages,
  *   partials in the workspace and a merge kernel. D = 256 always takes it.
  * The NEW_TOKEN kernels are bitnet_attention_rope_append_kv: q is a decode step's qkv rows; each block
@@ -43,6 +44,9 @@ constexpr int kMaxClusterSplits = 16;
  * tiles; otherwise the split path did as well or better on an H100 (batch 8: 3 splits per group;
  * L = 131072: 128 tiles per split, where streaming on every SM wins and the merge is cheap). */
 constexpr int kMinClusterSplits = 4, kMaxClusterTilesPerSplit = 64;
+/* Blocks per SM of the cluster kernel with kSplitStages stages at D = 128 (80 KB each): see
+ * cluster_splits. */
+constexpr int kSharedClusterBlocksPerSm = 2;
 
 /* n / d and n % d by one multiply-high, exact where n * d < 2^32: magic = ceil(2^32 / d), made on
  * the host. The decode kernel's divisions are all in that range: blockIdx.y by the KV heads (both at
@@ -57,9 +61,9 @@ struct SmallDivisor {
     __device__ __forceinline__ int mod(int n) const { return n - div(n) * (int)d; }
 };
 
-/* Tile stages (shared-memory buffers) per block: 2 where several blocks share an SM (splits merged by
- * merge_kernel); on the cluster path's one block per SM, 4 to 6 by the tiles of a split
- * (cluster_stages). How many of them are in flight: see kAhead in decode_kernel. */
+/* Tile stages (shared-memory buffers) per block: 2 where several blocks share an SM (the split path,
+ * and the cluster path's shared SMs); on the cluster path's one block per SM, 4 to 6 by the tiles of
+ * a split (cluster_stages). How many of them are in flight: see kAhead in decode_kernel. */
 constexpr int kSplitStages = 2;
 
 /* The cluster path's stages per block, 128 to 192 KB at D = 128: 5, 4 where a split has at most 4
@@ -813,15 +817,42 @@ bitnet_status cluster_fit(int32_t device, int size, ClusterKernel<T> *cluster, i
 
 template <typename T, int D, bool NEW_TOKEN>
 bitnet_status cluster_fit(int32_t device, int size, int stages, ClusterKernel<T> *cluster, int *fit) {
-    return stages == 4 ? cluster_fit<T, D, NEW_TOKEN, 4>(device, size, cluster, fit)
+    return stages == kSplitStages ? cluster_fit<T, D, NEW_TOKEN, kSplitStages>(device, size, cluster, fit)
+         : stages == 4 ? cluster_fit<T, D, NEW_TOKEN, 4>(device, size, cluster, fit)
          : stages == 5 ? cluster_fit<T, D, NEW_TOKEN, 5>(device, size, cluster, fit)
                        : cluster_fit<T, D, NEW_TOKEN, 6>(device, size, cluster, fit);
 }
 
+/* The largest cluster size from `want` down to kMinClusterSplits whose splits have at most
+ * kMaxClusterTilesPerSplit tiles and whose clusters of the `stages`-stage kernel fit all `groups` at
+ * once, with that kernel; 0 splits where none does. */
+template <typename T, int D, bool NEW_TOKEN>
+bitnet_status largest_cluster(int32_t device, int64_t groups, int64_t tiles, int64_t want, int stages, int *splits,
+                              ClusterKernel<T> *cluster) {
+    *splits = 0;
+    want = want < tiles ? want : tiles;
+    want = want < kMaxClusterSplits ? want : kMaxClusterSplits;
+    for (int size = (int)want; size >= kMinClusterSplits; size--) {
+        if ((tiles + size - 1) / size > kMaxClusterTilesPerSplit) break;
+        int fit = 0;
+        BN_TRY((cluster_fit<T, D, NEW_TOKEN>(device, size, stages, cluster, &fit)));
+        if (fit >= groups) {
+            *splits = size;
+            break;
+        }
+    }
+    return BITNET_OK;
+}
+
 /* Splits per (sequence, KV head, row block) on the cluster path and its kernel, or 0 splits where
- * it does not apply. It needs sm_90, one SM per block with kMinClusterSplits to kMaxClusterSplits
- * splits per group of at most kMaxClusterTilesPerSplit tiles, and room for all the groups' clusters
- * at once (with 5 stages, and with the stages that the split's tiles take; else 5). */
+ * it does not apply. It needs sm_90 and kMinClusterSplits to kMaxClusterSplits splits per group of
+ * at most kMaxClusterTilesPerSplit tiles, with room for all the groups' clusters at once: one block
+ * per SM (5 stages, then the stages that the split's tiles take where those fit too), or with too
+ * many groups for that, two blocks per SM of kSplitStages stages. Those shared SMs made the 2B4T
+ * decode step at batch 8 1.223 -> 1.182 ms at context 1024 and 1.712 -> 1.637 at 4096, and with
+ * RoPE and attention as two ops 1.278 -> 1.226 and 1.763 -> 1.690 (H200), though calls of the op
+ * alone back to back took longer (B = 8, L = 4096: 23.2 -> 27.3 us; the next call's clusters wait
+ * for this one's SMs): docs/log/2026-12-03.md#2026-12-03-6. */
 template <typename T, int D, bool NEW_TOKEN>
 bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *splits,
                              ClusterKernel<T> *cluster) {
@@ -831,25 +862,19 @@ bitnet_status cluster_splits(int32_t device, int64_t groups, int64_t C, int *spl
     if (major < 9) return BITNET_OK;
     BN_TRY(bn_cuda_sm_count(device, &sms));
     const int64_t tiles = (C + kTileKeys - 1) / kTileKeys;
-    int64_t want = sms / groups;
-    want = want < tiles ? want : tiles;
-    want = want < kMaxClusterSplits ? want : kMaxClusterSplits;
-    for (int size = (int)want; size >= kMinClusterSplits; size--) {
-        const int64_t split_tiles = (tiles + size - 1) / size;
-        if (split_tiles > kMaxClusterTilesPerSplit) break;
-        int fit = 0;
-        BN_TRY((cluster_fit<T, D, NEW_TOKEN>(device, size, 5, cluster, &fit)));
-        if (fit < groups) continue;
-        *splits = size;
-        const int stages = cluster_stages(split_tiles);
+    BN_TRY((largest_cluster<T, D, NEW_TOKEN>(device, groups, tiles, sms / groups, 5, splits, cluster)));
+    if (*splits > 0) {
+        const int stages = cluster_stages((tiles + *splits - 1) / *splits);
         if (stages != 5) {
             ClusterKernel<T> staged;
-            BN_TRY((cluster_fit<T, D, NEW_TOKEN>(device, size, stages, &staged, &fit)));
+            int fit = 0;
+            BN_TRY((cluster_fit<T, D, NEW_TOKEN>(device, *splits, stages, &staged, &fit)));
             if (fit >= groups) *cluster = staged;
         }
-        break;
+        return BITNET_OK;
     }
-    return BITNET_OK;
+    return largest_cluster<T, D, NEW_TOKEN>(device, groups, tiles, kSharedClusterBlocksPerSm * sms / groups,
+                                            kSplitStages, splits, cluster);
 }
 
 template <typename T, int D, bool NEW_TOKEN>
