@@ -85,6 +85,18 @@ def check_against_cpu(rng, M, K, row_segments, N):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M,K,row_segments,N", [
+    (2560, 2560, None, 300), (2560, 2560, None, 480), (3840, 2560, [2560, 640, 640], 500),
+    (1001, 1280, [500, 501], 333)])
+def test_gemm_gpu_small_matrix_tiles_past_256_tokens(rng, M, K, row_segments, N):
+    """Matrices of fewer than 2^24 weights at 257-512 tokens, where the wgmma kernel (sm_90, 132 SMs)
+    takes 64-, 96- and 128-token tiles with K split over 2 (small_matrix_tokens): 2560x2560 at 300
+    and 1001x1280 at 333 the 64-token tiles, 2560x2560 at 480 the 96-token ones, 3840x2560 at 500
+    the 128-token ones."""
+    check_against_cpu(rng, M, K, row_segments, N)
+
+
+@pytest.mark.gpu
 def test_gemm_gpu_large_shapes_int32(rng):
     """The benchmark's two large shapes at a block-straddling N, against the float64 product."""
     torch = pytest.importorskip("torch")

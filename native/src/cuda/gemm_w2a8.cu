@@ -49,10 +49,11 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
  * on (a large value leaves this mma.sync kernel to every N, for tools/dev/gemm_variants.sh). Its
  * blocks: 64 tokens x 128 rows up to 64 tokens, 96 x 128 up to 96; matrices of fewer than 2^24
  * weights keep 64-token blocks up to GEMM_WGMMA_SMALL_MATRIX_TOKENS (fewer ways of K split: 2560 x 2560
- * at 128 tokens 9.0 -> 7.8 us, at 192 10.1 -> 8.5; to 512 slower; H200, docs/log/2026-12-02.md#2026-12-02-7).
- * Past those, 128 tokens x 256 rows where x takes >= 64 MiB (half the passes over x) and they still
- * number 2 per SM, else 128 x 128 (two per SM) or 160 x 128 (below). K is split over clusters
- * where the blocks are too few for the SMs (wgmma_split). Measured: docs/log/2026-11-26.md#2026-11-26-30
+ * at 128 tokens 9.0 -> 7.8 us, at 192 10.1 -> 8.5; H200, docs/log/2026-12-02.md#2026-12-02-7), then
+ * to 512 tokens take the blocks of small_matrix_tokens where those fit one wave. Past those, 128
+ * tokens x 256 rows where x takes >= 64 MiB (half the passes over x) and they still number 2 per
+ * SM, else 128 x 128 (two per SM) or 160 x 128 (below). K is split over clusters where the blocks
+ * are too few for the SMs (wgmma_split). Measured: docs/log/2026-11-26.md#2026-11-26-30
  * (the tiles, H100), 2026-12-02-7 (64- and 96-token tiles from 17 tokens on, faster than this kernel
  * at every shape but 2560 x 2560 and 3840 x 2560 at 32 tokens, +1-2%: 13824 x 2560 at 64 tokens 14.5 ->
  * 10.9 us, 55296 x 5120 80 -> 52). GEMM_WGMMA_ROWS = 128 or 256 forces the rows of 128-token
@@ -419,6 +420,17 @@ int wgmma_split(int64_t blocks, int64_t K, int sms, int wide_tiles) {
     return split;
 }
 
+/* Tokens per block for a small matrix (< 2^24 weights) at 257 to 512 tokens: the fewest of 64, 96 and
+ * 128 whose tiles number at most the SMs, so that with K split over 2 they take one wave of two
+ * blocks per SM; 0 where none does (the 128-token path then). H200, µs: 2560 x 2560 at 384 tokens
+ * 10.94 -> 9.72 (64), at 512 13.63 -> 11.55 (96); 3840 x 2560 at 288 13.55 -> 11.30 (96), at 512
+ * 14.23 -> 13.67 (128): docs/log/2026-12-03.md#2026-12-03-6. */
+int small_matrix_tokens(int64_t N, int64_t M, int sms) {
+    for (const int tokens : {64, 96, 128})
+        if (static_cast<int64_t>(bn_ceil_div(N, tokens)) * bn_ceil_div(M, 128) <= sms) return tokens;
+    return 0;
+}
+
 }  // namespace
 
 bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const float *w_scales, int64_t M,
@@ -447,12 +459,18 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
     const bool wgmma = sm90a && N >= GEMM_WGMMA_MIN_TOKENS;
     const bool small_matrix = M * K < (1LL << 24);
-    if (wgmma && N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96)) {
+    const int small_tokens = small_matrix && N > GEMM_WGMMA_SMALL_MATRIX_TOKENS && N <= 512
+                                 ? small_matrix_tokens(N, M, sms) : 0;
+    if (wgmma && (N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96) || small_tokens > 0)) {
         /* 16-token tiles for the N <= 16 that gemv_w2a8 sends here (2^25+ weights), 32-token ones at
          * 17-32 tokens for 2^26+ weights: 5120 x 27648 at 16 tokens 34.7 -> 22.7 us (the GEMV), at 32
          * 33.1 -> 24.3; at 32 tokens 13824 x 2560 took 9.9 -> 10.1 and the batch-32 decode step
          * 2.225 -> 2.270 ms (H200, docs/log/2026-12-03.md#2026-12-03-2). */
-        const int tokens = N <= 16 ? 16 : N <= 32 && M * K >= (1LL << 26) ? 32 : N <= 64 || small_matrix ? 64 : 96;
+        const int tokens = small_tokens > 0                          ? small_tokens
+                           : N <= 16                                 ? 16
+                           : N <= 32 && M * K >= (1LL << 26)         ? 32
+                           : N <= 64 || small_matrix                 ? 64
+                                                                     : 96;
         const int64_t blocks = bn_ceil_div(N, tokens) * bn_ceil_div(M, 128);
         int split = wgmma_split(blocks, K, sms, N <= 64 ? 8 : 16);
         /* Small matrices past 128 tokens: K over clusters of 2 where each block keeps 4 tiles (2560 x
