@@ -9,9 +9,8 @@ from .device import detect, resolve, select
 from .errors import (ArgumentTypeError, BitNetError, ConfigurationError, CorruptFileError,
                      CudaError, InternalError, InvalidArgumentError, LibraryNotFoundError,
                      NoDeviceError, OutOfMemoryError, UnsupportedError)
-from .fused_norm import (gemv_w2a8_add_norm_stats, new_glu_norm_counter, new_norm_stats,
-                         norm_stats_slots, rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8_glu_rmsnorm,
-                         rmsnorm_gemv_w2a8_rope_append_kv)
+from .fused_norm import (gemv_w2a8_add_norm_stats, new_norm_stats, norm_stats_slots,
+                         rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import (attention_rope_append_kv, glu_gate, gemv_w2a8_rope_append_kv, relu2_gate,
                          rope_append_kv)
@@ -34,7 +33,7 @@ __all__ = [
     "LibraryNotFoundError", "ConfigurationError", "CorruptFileError",
     "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer", "decode_layer_workspace_size",
     "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv",
-    "norm_stats_slots", "new_norm_stats", "rmsnorm_gemv_w2a8_glu_rmsnorm", "new_glu_norm_counter",
+    "norm_stats_slots", "new_norm_stats",
 ]
 
 __version__ = "0.1.0"

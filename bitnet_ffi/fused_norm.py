@@ -6,20 +6,15 @@ rmsnorm(h) itself from them, so that no norm op runs between the two::
     stats = gemv_w2a8_add_norm_stats(o_proj, a_q, a_s, h, ffn_norm)   # h += o_proj(a)
     gate_up = rmsnorm_gemv_w2a8(h, ffn_norm, stats, gate_up_proj, eps)
 
-The gate|up projection can also leave the codes of its GLU sub-norm for the down projection
-(``rmsnorm_gemv_w2a8_glu_rmsnorm``), so that no norm op runs inside the FFN either.
-
 ``stats`` (float32 [slots, 2]) holds, per slot, the sum of h^2 and max |h * norm_weight| of part
 of the row; the producer makes it (or ``new_norm_stats``), and the slots are the library's
 business."""
 import functools
 
-import numpy as np
-
 from . import _arrays, _ffi
 from ._arrays import DTYPE_CODES, FLOAT_DTYPES
 from .errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
-from .layer_glue import BITNET_ROPE_THETA, activation_code, qkv_rope_arrays, rope_theta
+from .layer_glue import BITNET_ROPE_THETA, qkv_rope_arrays, rope_theta
 from .ternary import OUT_DTYPES, TernaryWeights
 
 
@@ -182,69 +177,3 @@ def rmsnorm_gemv_w2a8_rope_append_kv(h, norm_weight, stats, w, k_cache, v_cache,
               oa.cptr(), kc.cptr(), arrays["v_cache"].cptr(), kc.shape[1], pos.cptr("int32_t *"),
               float(theta), handle)
     return out
-
-
-def new_glu_norm_counter(like):
-    """The zeroed int32 [1] counter that rmsnorm_gemv_w2a8_glu_rmsnorm needs, of the same kind and
-    device as `like` (one explicit copy of the zero to a GPU; each call leaves it zero)."""
-    return _arrays.upload_int32(np.zeros(1), _arrays.as_array(like, "like"), "counter").obj
-
-
-def rmsnorm_gemv_w2a8_glu_rmsnorm(h, norm_weight, stats, w, sub_weight, counter,
-                                  activation="relu2", eps=1e-5, sub_eps=1e-5, gate_up=None,
-                                  out=None, stream=None):
-    """The gate|up projection of one token and the FFN's sub-norm after it as one op (one kernel
-    on a GPU, whose last block makes the codes)::
-
-        gate_up = rmsnorm_gemv_w2a8(h, norm_weight, stats, w, eps, out_dtype=h.dtype)
-        x_q, x_s = glu_rmsnorm_quantize(gate_up, sub_weight, activation, sub_eps)
-
-    gate_up is the first op's, bit for bit; the codes are glu_rmsnorm_quantize's wherever the two
-    float32 sums of squares, added in different orders, give the same 1 / RMS (else a code may
-    move by one).
-
-    Parameters
-    ----------
-    h, norm_weight, stats, eps : as rmsnorm_gemv_w2a8's
-    w : TernaryWeights [2F, K], without block_scales (F % 8 == 0; F <= 8192 on a GPU)
-    sub_weight : array [F] of h's dtype
-    counter : int32 array [1] from new_glu_norm_counter, of this call site alone (the GPU kernel
-        counts its finished blocks in it and leaves it zero)
-    activation : "relu2" or "silu"
-    sub_eps : float, finite and > 0
-    gate_up : array [1, 2F] of h's dtype, optional: the projection's output
-    out : (x_q, x_s) with x_q int8 [1, F] and x_s float32 [1], optional
-    stream : CUDA stream, optional
-
-    Returns
-    -------
-    (x_q, x_s)
-    """
-    _check_weights(w)
-    code = activation_code(activation)
-    eps, sub_eps = _eps(eps), _eps(sub_eps)
-    if out is not None and (not isinstance(out, tuple) or len(out) != 2):
-        raise ArgumentTypeError("out: expected a tuple (x_q, x_s)")
-    x_q, x_s = out if out is not None else (None, None)
-    arrays, device, handle = _arrays.prepare(
-        {"h": h, "norm_weight": norm_weight, "stats": stats, "w.packed": w.packed,
-         "w.scales": w.scales, "sub_weight": sub_weight, "counter": counter, "gate_up": gate_up,
-         "x_q": x_q, "x_s": x_s}, stream, writes=("counter", "gate_up", "x_q", "x_s"),
-        optional=("gate_up", "x_q", "x_s"))
-    M, K = w.shape
-    ha, wa = _normed_input(arrays, K)
-    st, slots = _check_stats(arrays)
-    if M % 16:
-        raise InvalidArgumentError(f"w: M (2F) must be a multiple of 16, got {M}")
-    F = M // 2
-    sa = _arrays.check(arrays["sub_weight"], "sub_weight", ha.dtype, (F,))
-    ca = _arrays.check(arrays["counter"], "counter", "int32", (1,))
-    gate_up, ga = _arrays.output(arrays, "gate_up", gate_up, ha, (1, M), ha.dtype)
-    x_q, qa = _arrays.output(arrays, "x_q", x_q, ha, (1, F), "int8")
-    x_s, xa = _arrays.output(arrays, "x_s", x_s, ha, (1,), "float32")
-    _ffi.call("rmsnorm_gemv_w2a8_glu_rmsnorm", device, DTYPE_CODES[ha.dtype], ha.cptr(),
-              wa.cptr(), st.cptr("float *"), slots, float(eps),
-              arrays["w.packed"].cptr("uint8_t *"), arrays["w.scales"].cptr("float *"), M, K,
-              ga.cptr(), code, sa.cptr(), float(sub_eps), qa.cptr("int8_t *"),
-              xa.cptr("float *"), ca.cptr("uint32_t *"), handle)
-    return x_q, x_s

@@ -22,8 +22,7 @@ from .config import Config
 from .cuda_graph import Graph, Stream
 from .decode_layer import decode_layer, decode_layer_workspace_size, fused_layer_supported
 from .errors import InvalidArgumentError
-from .fused_norm import (gemv_w2a8_add_norm_stats, new_glu_norm_counter, norm_stats_slots,
-                         rmsnorm_gemv_w2a8, rmsnorm_gemv_w2a8_glu_rmsnorm,
+from .fused_norm import (gemv_w2a8_add_norm_stats, norm_stats_slots, rmsnorm_gemv_w2a8,
                          rmsnorm_gemv_w2a8_rope_append_kv)
 from .head import add_int32, argmax, embedding, gemv_bf16
 from .layer_glue import attention_rope_append_kv, gemv_w2a8_rope_append_kv, rope_append_kv
@@ -118,15 +117,6 @@ def fuse_norms_supported(config, layers, batch):
                     for layer in layers for name in ("qkv", "o", "gate_up", "down")))
 
 
-def glu_norm_supported(config, layers):
-    """Whether a one-sequence decode step whose norms run inside the GEMVs (fuse_norms_supported)
-    can also take the FFN's sub-norm inside the gate|up projection
-    (rmsnorm_gemv_w2a8_glu_rmsnorm): a sub-norm weight in every layer, eps > 0 and an
-    intermediate size the GPU kernel takes (a multiple of 8, at most 8192)."""
-    return (config.intermediate % 8 == 0 and config.intermediate <= 8192
-            and config.ffn_sub_eps > 0 and all(layer.ffn_sub_norm is not None for layer in layers))
-
-
 class Session:
     """Buffers, KV cache and the step function for `batch` sequences of up to `capacity` tokens.
 
@@ -149,11 +139,6 @@ class Session:
     QKV and gate|up projections quantize rmsnorm(h) from them (bitnet_ffi.fused_norm; the same
     codes up to the float32 rounding of the sum of squares). On by default; off, for comparing.
 
-    fuse_glu_norm: with fuse_norms, where glu_norm_supported, the gate|up projection also makes
-    the codes of the FFN's sub-norm (``rmsnorm_gemv_w2a8_glu_rmsnorm``: the same codes up to the
-    float32 rounding of its sum of squares), so no norm op runs inside the FFN. On by default; off,
-    for comparing.
-
     fuse_rope_attention: where rope_attention_supported, a decode step that does not take the
     QKV projection with RoPE (more than one sequence) runs RoPE, the KV-cache append and attention
     as one ``attention_rope_append_kv`` op (the same values as the two ops it replaces; a decode
@@ -165,7 +150,7 @@ class Session:
              "decode layer (fused)", "output head", "argmax", "bookkeeping")
 
     def __init__(self, weights, batch, capacity, device, fused=False, fuse_qkv_rope=True,
-                 fuse_norms=True, fuse_rope_attention=True, fuse_glu_norm=True):
+                 fuse_norms=True, fuse_rope_attention=True):
         self.w, self.config, self.batch, self.capacity = weights, weights.config, batch, capacity
         self.device = device
         self.stream = Stream(device) if device != _arrays.CPU else None
@@ -187,8 +172,6 @@ class Session:
         self.fuse_qkv_rope = fuse_qkv_rope and qkv_rope_supported(c, weights.layers, batch)
         self.fuse_norms = fuse_norms and fuse_norms_supported(c, weights.layers, batch)
         self.fuse_rope_attention = fuse_rope_attention and rope_attention_supported(c, device)
-        self.fuse_glu_norm = (fuse_glu_norm and self.fuse_norms
-                              and glu_norm_supported(c, weights.layers))
         self.decode_buffers = self.buffers(1)
         self.extend_buffers = None  # (steps, the buffers of the last extend), kept for the next
         self.extend_graph = None    # their forward pass, captured when the same steps come again
@@ -256,8 +239,6 @@ class Session:
         b["workspace"] = self.alloc((ws,), "uint8") if ws else None
         if steps == 1 and self.fuse_norms:
             b["stats"] = self.alloc((norm_stats_slots(self.device), 2), "float32")
-            if self.fuse_glu_norm:
-                b["glu_counter"] = new_glu_norm_counter(b["stats"])
         if steps == 1 and self.fused:
             b["layer_workspace"] = self.alloc(
                 (decode_layer_workspace_size(c, self.device, BF16),), "uint8")
@@ -352,26 +333,16 @@ class Session:
             attn = _arrays.first_rows(b["attn"], N, c.q_dim)
             a_q, a_s = self.norm_quantize(attn, layer.attn_sub_norm, b, eps=c.attn_sub_eps)
             # FFN block: h += down(sub_norm(act(gate) * up)), its input norm fused with the add
-            glu_norm = fuse_norms and self.fuse_glu_norm  # and its sub-norm in gate|up
             if fuse_norms:
                 self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.o, a_q, a_s, b["h"],
                         layer.ffn_norm, stats=b["stats"])
-            else:
-                self.project(layer.o, a_q, a_s, b["proj"])
-                f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
-            if glu_norm:
-                g_q, g_s = _arrays.first_rows(b["x_q"], 1, c.intermediate), b["x_s"][:1]
-                self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8_glu_rmsnorm, b["h"], layer.ffn_norm,
-                        b["stats"], layer.gate_up, layer.ffn_sub_norm, b["glu_counter"],
-                        activation=c.activation, eps=c.eps, sub_eps=c.ffn_sub_eps,
-                        gate_up=b["gate_up"], out=(g_q, g_s))
-            elif fuse_norms:
                 self.op("gemv_w2a8 + norm", rmsnorm_gemv_w2a8, b["h"], layer.ffn_norm,
                         b["stats"], layer.gate_up, eps=c.eps, out_dtype=BF16, out=b["gate_up"])
             else:
+                self.project(layer.o, a_q, a_s, b["proj"])
+                f_q, f_s = self.norm_quantize(b["proj"], layer.ffn_norm, b, residual=b["h"])
                 self.project(layer.gate_up, f_q, f_s, b["gate_up"])
-            if not glu_norm:
-                g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
+            g_q, g_s = self.gate_quantize(b["gate_up"], layer.ffn_sub_norm, b)
             if fuse_norms and index + 1 < len(w.layers):
                 self.op("gemv_w2a8 + norm", gemv_w2a8_add_norm_stats, layer.down, g_q, g_s,
                         b["h"], w.layers[index + 1].attn_norm, stats=b["stats"])

@@ -533,8 +533,7 @@ def valid_call(entry, mem, rng):
                                 h=put(values(rng, (32,), fd)), norm_weight=put(values(rng, (32,), fd)),
                                 stats=put(poison((16, 2), "float32")), slots=16, stream=NULL),
                     ("h", "stats"))
-    if entry in ("rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv",
-                 "rmsnorm_gemv_w2a8_glu_rmsnorm"):
+    if entry in ("rmsnorm_gemv_w2a8", "rmsnorm_gemv_w2a8_rope_append_kv"):
         stats = np.zeros((4, 2), np.float32)
         stats[0] = (128.0, 2.5)  # a sum of squares and max |h w| the values could have
         normed = dict(device=d, dtype=code, h=put(values(rng, (128,), fd)),
@@ -544,13 +543,6 @@ def valid_call(entry, mem, rng):
         if entry == "rmsnorm_gemv_w2a8":
             return Call(entry, dict(**normed, M=32, K=128, y=put(poison((32,), "float32")),
                                     y_dtype=0, stream=NULL), ("y",))
-        if entry == "rmsnorm_gemv_w2a8_glu_rmsnorm":
-            return Call(entry, dict(**normed, M=32, K=128, gate_up=put(poison((32,), fd)),
-                                    activation=0, sub_weight=put(values(rng, (16,), fd)),
-                                    sub_eps=1e-5, x_q=put(poison((16,), "int8")),
-                                    x_scale=put(poison((1,), "float32")),
-                                    counter=put(np.zeros(4, np.uint8)), stream=NULL),
-                        ("gate_up", "x_q", "x_scale", "counter"))
         return Call(entry, dict(**normed, K=128, Hq=2, Hkv=1, D=8, q=put(poison((2, 8), fd)),
                                 k_cache=put(poison((3, 1, 8), fd)),
                                 v_cache=put(poison((3, 1, 8), fd)), C=3,

@@ -64,7 +64,7 @@ OP_ENTRIES = ("quantize_i2s", "pack_ternary", "unpack_ternary", "quantize_a8", "
               "gemv_w2a8_block_scaled",
               "rmsnorm", "relu2_rmsnorm", "attention", "attention_workspace_size", "rope_append_kv",
               "attention_rope_append_kv", "gemv_w2a8_rope_append_kv", "gemv_w2a8_add_norm_stats", "rmsnorm_gemv_w2a8",
-              "rmsnorm_gemv_w2a8_rope_append_kv", "rmsnorm_gemv_w2a8_glu_rmsnorm", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
+              "rmsnorm_gemv_w2a8_rope_append_kv", "relu2_gate", "glu_gate", "glu_rmsnorm", "sample", "gemv_bf16", "argmax", "embedding", "add_int32",
               "rmsnorm_partial", "glu_rmsnorm_partial", "decode_layer",
               "decode_layer_workspace_size")
 
@@ -347,22 +347,6 @@ MUTATIONS = {
     ] + pointers("h", "norm_weight", "stats", "w_packed", "w_scales", "y",
                  aligned=("h", "norm_weight", "stats", "w_packed", "w_scales", "y"))
       + overlaps(("h", "y", ("h", "y")), ("norm_weight", "y", ("norm_weight", "y"))),
-    "rmsnorm_gemv_w2a8_glu_rmsnorm": bad_devices() + non_positive(TERNARY, "M", "K") + [
-        Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),
-        Mutation("dtype", 0, UNSUPPORTED, "float32 runs on the CPU only", "gpu"),
-        Mutation("K", 16384, UNSUPPORTED, "over the CUDA kernel's limit for a normed input", "gpu"),
-        Mutation("eps", 0.0, INVALID, "eps must be finite and > 0"),
-        Mutation("slots", 0, INVALID, "slots must be positive"),
-        Mutation("activation", 7, INVALID, "activation"),
-        Mutation("sub_eps", 0.0, INVALID, "sub_eps must be finite and > 0"),
-        Mutation("sub_eps", math.inf, INVALID, "sub_eps must be finite and > 0"),
-        Mutation("M", 24, INVALID, "M (2F) must be a multiple of 16"),
-        Mutation("M", 16400, UNSUPPORTED, "F = M / 2 = 8200 is over the CUDA kernel's limit", "gpu"),
-    ] + pointers("h", "norm_weight", "stats", "w_packed", "w_scales", "gate_up", "sub_weight", "x_q",
-                 "x_scale", "counter",
-                 aligned=("h", "norm_weight", "stats", "w_packed", "w_scales", "gate_up",
-                          "sub_weight", "x_q", "x_scale", "counter"))
-      + overlaps(("x_scale", "counter", ("x_scale", "counter")), ("x_q", "gate_up", ("gate_up", "x_q"))),
     "rmsnorm_gemv_w2a8_rope_append_kv": bad_devices()
     + non_positive("must be positive", "Hq", "Hkv", "D", "C") + non_positive(TERNARY, "K") + [
         Mutation("dtype", 5, INVALID, "is not float32, float16 or bfloat16"),

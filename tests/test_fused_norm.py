@@ -1,7 +1,6 @@
 """The input RMSNorm inside the GEMVs around it (bitnet_ffi.fused_norm): the producer
 (gemv_w2a8_add_norm_stats) against gemv_w2a8 then rmsnorm_quantize's residual add, bit for bit,
-and its statistics against float64; the consumers (rmsnorm_gemv_w2a8 and its RoPE and GLU sub-norm
-forms) against
+and its statistics against float64; the consumers (rmsnorm_gemv_w2a8 and its RoPE form) against
 rmsnorm_quantize then gemv_w2a8 (bit for bit on the CPU, whose producer sums the squares in the
 CPU norm's order) and against the float64 norm (a code moves only at a near-tie); the GPU against
 the CPU; bad input. The model's use: test_models.py."""
@@ -170,40 +169,6 @@ def test_cpu_rope_consumer_is_the_consumer_then_rope(rng, dtype):
         np.testing.assert_array_equal(bits(got), bits(want))
 
 
-# (M = 2F, K) of the gate|up projection with its sub-norm: 2B4T's; F at the GPU kernel's limit;
-# fewer rows than a warp's tile
-GLU_CONSUMERS = [(13824, 2560), (16384, 1024), (16, 256)]
-
-
-def glu_outputs(M, dtype, xp=np):
-    """Poisoned gate_up, codes and scale, and a zero counter."""
-    F = M // 2
-    return (np.full((1, M), np.nan, _arrays.numpy_dtype(dtype)), np.full((1, F), 99, np.int8),
-            np.full(1, np.nan, np.float32), np.zeros(1, np.int32))
-
-
-@pytest.mark.cpu
-@pytest.mark.parametrize("activation", ["relu2", "silu"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("shape", GLU_CONSUMERS)
-def test_cpu_glu_consumer_is_the_consumer_then_the_glu_norm(rng, activation, dtype, shape):
-    """gate_up, the codes and the scale bit for bit against rmsnorm_gemv_w2a8 then
-    glu_rmsnorm_quantize; the counter stays zero."""
-    M, K = shape
-    h, nw, stats = produced(rng, K, 128, dtype)
-    w, sub = ternary(rng, M, K), norm_weight(rng, M // 2, dtype)
-    gate_up, x_q, x_s, counter = glu_outputs(M, dtype)
-    got = bn.rmsnorm_gemv_w2a8_glu_rmsnorm(h, nw, stats, w, sub, counter, activation=activation,
-                                           eps=EPS, sub_eps=1e-6, gate_up=gate_up, out=(x_q, x_s))
-    assert got[0] is x_q and got[1] is x_s
-    gate_up_want = bn.rmsnorm_gemv_w2a8(h, nw, stats, w, eps=EPS, out_dtype=dtype)
-    q_want, s_want = bn.glu_rmsnorm_quantize(gate_up_want, sub, activation, eps=1e-6)
-    np.testing.assert_array_equal(bits(gate_up), bits(gate_up_want))
-    np.testing.assert_array_equal(x_q, q_want)
-    np.testing.assert_array_equal(bits(x_s), bits(s_want))
-    assert counter[0] == 0
-
-
 @pytest.mark.cpu
 def test_cpu_rejects_and_leaves_the_outputs(rng):
     h, nw, stats = produced(rng, 256, 128, "bfloat16")
@@ -212,16 +177,8 @@ def test_cpu_rejects_and_leaves_the_outputs(rng):
     out = np.full((1, 64), np.nan, np.float32)
     k_cache, v_cache = rope_caches(3, 1, 8, "bfloat16")
     w_qkv = ternary(rng, 32, 256)
-    sub = norm_weight(rng, 32, "bfloat16")
-    gate_up, g_q, g_s, counter = glu_outputs(64, "bfloat16")
-    outputs = (h, stats, out, k_cache, v_cache, gate_up, g_q, g_s, counter)
+    outputs = (h, stats, out, k_cache, v_cache)
     before = [a.tobytes() for a in outputs]
-
-    def glu(**change):
-        args = dict(h=h, norm_weight=nw, stats=stats, w=w, sub_weight=sub, counter=counter,
-                    gate_up=gate_up, out=(g_q, g_s))
-        args.update(change)
-        return lambda: bn.rmsnorm_gemv_w2a8_glu_rmsnorm(**args)
     blocked = bn.TernaryWeights(w.packed, w.scales, np.ones((64, 1), np.float32))
     bad = [
         (lambda: bn.rmsnorm_gemv_w2a8(h, nw, stats, w, eps=0.0, out=out), InvalidArgumentError,
@@ -247,14 +204,6 @@ def test_cpu_rejects_and_leaves_the_outputs(rng):
         (lambda: bn.rmsnorm_gemv_w2a8_rope_append_kv(h, nw, stats, w_qkv, k_cache, v_cache, 0,
                                                      theta=1.0),
          InvalidArgumentError, "theta must be finite and > 1"),
-        (glu(sub_eps=0.0), InvalidArgumentError, "eps must be finite and > 0"),
-        (glu(activation="gelu"), InvalidArgumentError, "activation"),
-        (glu(sub_weight=sub[:16]), InvalidArgumentError, "sub_weight: expected shape [32]"),
-        (glu(counter=counter.astype(np.float32)), InvalidArgumentError,
-         "counter: expected dtype int32"),
-        (glu(out=g_q), ArgumentTypeError, "out: expected a tuple (x_q, x_s)"),
-        (glu(w=ternary(rng, 24, 256), gate_up=None, out=None), InvalidArgumentError,
-         "M (2F) must be a multiple of 16"),
     ]
     for call, error, fragment in bad:
         with pytest.raises(error, match=re.escape(fragment)):
@@ -382,48 +331,3 @@ def test_gpu_chain_codes_against_float64(rng, dtype):
     assert not ((codes != want[0]) & ~near_tie[0]).any()
     nonzero = codes != 0
     np.testing.assert_allclose(codes[nonzero] / y[nonzero], want_scale[0], rtol=4 * SCALE_RTOL)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("activation", ["relu2", "silu"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("shape", GLU_CONSUMERS)
-def test_gpu_glu_consumer_against_the_unfused_ops(rng, activation, dtype, shape):
-    """Three calls on one counter: gate_up bit for bit against rmsnorm_gemv_w2a8 on the GPU; the
-    codes those of the float64 norm of the GPU's gated values but at near-ties, within one of the
-    GPU's glu_rmsnorm_quantize, the scale within the norm's float32 bound; the counter left zero."""
-    import torch
-    M, K = shape
-    h, nw, stats = produced(rng, K, 128, dtype)
-    w, sub = ternary(rng, M, K), norm_weight(rng, M // 2, dtype)
-    tw, th, tn, ts, tsub = gpu_weights(w), to_gpu(h), to_gpu(nw), gpu_slots(stats), to_gpu(sub)
-    gate_up_want = bn.rmsnorm_gemv_w2a8(th, tn, ts, tw, eps=EPS, out_dtype=dtype)
-    q_gpu, _ = bn.glu_rmsnorm_quantize(gate_up_want, tsub, activation, eps=1e-6)
-    v = to_host(bn.glu_gate(gate_up_want, activation), h)
-    y64, _ = reference_rmsnorm(v.astype(np.float64), sub, 1e-6)
-    want, want_scale, near_tie = reference_rmsnorm_quantize(y64)
-    counter = bn.new_glu_norm_counter(th)
-    for _ in range(3):
-        gate_up, x_q, x_s, _ = (to_gpu(a) for a in glu_outputs(M, dtype))
-        bn.rmsnorm_gemv_w2a8_glu_rmsnorm(th, tn, ts, tw, tsub, counter, activation=activation,
-                                         eps=EPS, sub_eps=1e-6, gate_up=gate_up, out=(x_q, x_s))
-        np.testing.assert_array_equal(bits(to_host(gate_up, h)), bits(to_host(gate_up_want, h)))
-        codes = x_q.cpu().numpy()
-        assert not ((codes != want) & ~near_tie).any()
-        assert np.abs(codes.astype(int) - q_gpu.cpu().numpy()).max() <= 1
-        np.testing.assert_allclose(x_s.cpu().numpy(), want_scale, rtol=4 * SCALE_RTOL)
-        assert int(counter[0]) == 0
-
-
-@pytest.mark.gpu
-def test_gpu_glu_consumer_refuses_a_wide_gate_and_leaves_the_outputs(rng):
-    h, nw, stats = produced(rng, 128, 128, "bfloat16")
-    w, sub = ternary(rng, 16400, 128), norm_weight(rng, 8200, "bfloat16")
-    host = glu_outputs(16400, "bfloat16")
-    outputs = [to_gpu(a) for a in host]
-    with pytest.raises(UnsupportedError, match=re.escape("F = M / 2 = 8200 is over the CUDA")):
-        bn.rmsnorm_gemv_w2a8_glu_rmsnorm(to_gpu(h), to_gpu(nw), gpu_slots(stats), gpu_weights(w),
-                                         to_gpu(sub), outputs[3], gate_up=outputs[0],
-                                         out=(outputs[1], outputs[2]))
-    for got, want in zip(outputs, host):
-        assert to_host(got, want).tobytes() == want.tobytes()

@@ -390,31 +390,6 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dt
                                                       const int32_t *position /* [1] */,
                                                       float theta, void *stream);
 
-/* The gate|up projection of one token with the FFN's sub-norm after it, as one op:
- *   gate_up = bitnet_rmsnorm_gemv_w2a8(h, norm_weight, stats, slots, eps, w_packed, w_scales) -> dtype
- *   x_q, x_scale = bitnet_glu_rmsnorm(T = 1, F = M / 2, activation, gate_up, sub_weight, sub_eps)
- * so that the down projection takes x_q and x_scale with no norm op between the two. gate_up is
- * the same as the first op's, bit for bit; the codes are bitnet_glu_rmsnorm's wherever the two
- * float32 sums of squares, added in different orders, give the same 1 / RMS (else a code may move
- * by one). M % 16 == 0; sub_weight not NULL, sub_eps finite and > 0; the limits of
- * bitnet_rmsnorm_gemv_w2a8 apply, and on a GPU F <= 8192. counter: a uint32 in device memory of
- * this op's own (unused on the CPU), zero before the first call; each call leaves it zero, and no
- * two calls in flight may share it. gate_up, sub_weight and x_q 16-byte aligned. No arrays may
- * overlap. Programmatic dependent launch on a GPU. */
-bitnet_status bitnet_rmsnorm_gemv_w2a8_glu_rmsnorm(int32_t device, int32_t dtype,
-                                                   const void *h /* [K] */,
-                                                   const void *norm_weight /* [K] */,
-                                                   const float *stats /* [slots, 2] */,
-                                                   int64_t slots, float eps,
-                                                   const uint8_t *w_packed /* [M, K/4] */,
-                                                   const float *w_scales /* [M] */, int64_t M,
-                                                   int64_t K, void *gate_up /* [M] */,
-                                                   int32_t activation,
-                                                   const void *sub_weight /* [M/2] */,
-                                                   float sub_eps, int8_t *x_q /* [M/2] */,
-                                                   float *x_scale /* [1] */,
-                                                   uint32_t *counter /* [1] */, void *stream);
-
 /* Gate of a GLU on the fused gate|up projection: out[t, f] = act(gate_up[t, f]) * gate_up[t, F + f],
  * computed in float32; act (a bitnet_activation): relu2 max(g, 0)^2, or silu g / (1 + e^-g) with
  * expf (CPU and GPU may differ by an ulp of float32 before rounding to dtype). */

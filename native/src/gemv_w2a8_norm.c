@@ -94,43 +94,6 @@ bitnet_status bitnet_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const void
                                              w_packed, w_scales, M, K, y, y_dtype, stream));
 }
 
-bitnet_status bitnet_rmsnorm_gemv_w2a8_glu_rmsnorm(
-    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
-    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
-    void *gate_up, int32_t activation, const void *sub_weight, float sub_eps, int8_t *x_q,
-    float *x_scale, uint32_t *counter, void *stream) {
-    static const char fn[] = "bitnet_rmsnorm_gemv_w2a8_glu_rmsnorm";
-    BN_TRY(check_normed_input(fn, device, dtype, K, slots, eps));
-    BN_TRY(bn_check_activation(fn, activation));
-    BN_CHECK(isfinite(sub_eps) && sub_eps > 0.0f, "%s: sub_eps must be finite and > 0, got %g", fn,
-             (double)sub_eps);
-    BN_TRY(bn_check_ternary_shape(fn, "M", M, K));
-    BN_CHECK(M % 16 == 0, "%s: M (2F) must be a multiple of 16, got %lld", fn, (long long)M);
-    const int64_t F = M / 2;
-    if (device != BITNET_DEVICE_CPU && F > BN_CUDA_GLU_NORM_MAX_F)
-        return bn_fail(BITNET_ERR_UNSUPPORTED, "%s: F = M / 2 = %lld is over the CUDA kernel's "
-                       "limit (%d)", fn, (long long)F, BN_CUDA_GLU_NORM_MAX_F);
-    const int64_t size = bn_dtype_size(dtype);
-    const bn_array arrays[] = {{"h", h, K * size, 16, BN_READ},
-                               {"norm_weight", norm_weight, K * size, 16, BN_READ},
-                               {"stats", stats, slots * 8, 8, BN_READ},
-                               {"w_packed", w_packed, M * K / 4, 16, BN_READ},
-                               {"w_scales", w_scales, M * 4, 4, BN_READ},
-                               {"gate_up", gate_up, M * size, 16, BN_WRITTEN},
-                               {"sub_weight", sub_weight, F * size, 16, BN_READ},
-                               {"x_q", x_q, F, 16, BN_WRITTEN},
-                               {"x_scale", x_scale, 4, 4, BN_WRITTEN},
-                               {"counter", counter, 4, 4, BN_WRITTEN}};
-    BN_CHECK_ARRAYS(fn, device, arrays, BN_NO_OVERLAP);
-    if (device == BITNET_DEVICE_CPU)
-        return bn_cpu_rmsnorm_gemv_w2a8_glu_rmsnorm(dtype, h, norm_weight, stats, slots, eps,
-                                                    w_packed, w_scales, M, K, gate_up, activation,
-                                                    sub_weight, sub_eps, x_q, x_scale);
-    return BN_CUDA(bn_cuda_rmsnorm_gemv_w2a8_glu_rmsnorm(
-        device, dtype, h, norm_weight, stats, slots, eps, w_packed, w_scales, M, K, gate_up,
-        activation, sub_weight, sub_eps, x_q, x_scale, counter, stream));
-}
-
 bitnet_status bitnet_rmsnorm_gemv_w2a8_rope_append_kv(
     int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
     int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t K,

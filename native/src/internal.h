@@ -399,13 +399,8 @@ bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
     float eps, const uint8_t *w_packed, const float *w_scales, int64_t K, int64_t Hq, int64_t Hkv,
     int64_t D, void *q, void *k_cache, void *v_cache, int64_t C, const int32_t *position,
     float theta);
-bitnet_status bn_cpu_rmsnorm_gemv_w2a8_glu_rmsnorm(
-    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
-    float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
-    void *gate_up, int32_t activation, const void *sub_weight, float sub_eps, int8_t *x_q,
-    float *x_scale);
 /* The CUDA consumers' limits (the one-token kernel's registers and lanes hold that much). */
-enum { BN_CUDA_NORMED_MAX_K = 8192, BN_CUDA_NORMED_MAX_SLOTS = 512, BN_CUDA_GLU_NORM_MAX_F = 8192 };
+enum { BN_CUDA_NORMED_MAX_K = 8192, BN_CUDA_NORMED_MAX_SLOTS = 512 };
 bitnet_status bn_cuda_norm_stats_slots(int32_t device, int64_t *slots);
 bitnet_status bn_cuda_gemv_w2a8_add_norm_stats(int32_t device, int32_t dtype,
                                                const uint8_t *w_packed, const float *w_scales,
@@ -423,11 +418,6 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(
     int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t K,
     int64_t Hq, int64_t Hkv, int64_t D, void *q, void *k_cache, void *v_cache, int64_t C,
     const int32_t *position, float theta, void *stream);
-bitnet_status bn_cuda_rmsnorm_gemv_w2a8_glu_rmsnorm(
-    int32_t device, int32_t dtype, const void *h, const void *norm_weight, const float *stats,
-    int64_t slots, float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
-    void *gate_up, int32_t activation, const void *sub_weight, float sub_eps, int8_t *x_q,
-    float *x_scale, uint32_t *counter, void *stream);
 /* bitnet_decode_layer: the CPU runs the unfused sequence of its CPU ops through the workspace
  * (cpu/decode_layer.c); the GPU runs one cooperative kernel (cuda/decode_layer.cu). */
 int64_t bn_cpu_decode_layer_workspace_size(int32_t dtype, const bitnet_decode_layer_config *c);

@@ -101,14 +101,3 @@ bitnet_status bn_cpu_rmsnorm_gemv_w2a8_rope_append_kv(
     free(x_q);
     return status;
 }
-
-bitnet_status bn_cpu_rmsnorm_gemv_w2a8_glu_rmsnorm(
-    int32_t dtype, const void *h, const void *norm_weight, const float *stats, int64_t slots,
-    float eps, const uint8_t *w_packed, const float *w_scales, int64_t M, int64_t K,
-    void *gate_up, int32_t activation, const void *sub_weight, float sub_eps, int8_t *x_q,
-    float *x_scale) {
-    BN_TRY(bn_cpu_rmsnorm_gemv_w2a8(dtype, h, norm_weight, stats, slots, eps, w_packed, w_scales,
-                                    M, K, gate_up, dtype));
-    return bn_cpu_glu_rmsnorm(dtype, 1, M / 2, activation, gate_up, sub_weight, sub_eps, NULL, x_q,
-                              x_scale);
-}

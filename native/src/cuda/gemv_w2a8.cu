@@ -198,33 +198,14 @@ struct NormedInputArgs {
     float eps;
 };
 
-/* The gate|up projection's epilogue (kGluNorm): y = gate_up [M] (M = 2F) stored in T, then the
- * grid's last block to finish turns it into bitnet_glu_rmsnorm's y_q and y_scales of one row (v =
- * act(gate) * up rounded to T, normed with weight and eps > 0), for the down projection, so that
- * no norm kernel runs between the two. The counter (zero before the launch) counts the blocks
- * whose stores are done; the last one resets it. */
-struct GluNormArgs {
-    unsigned *counter;
-    const void *weight;
-    float eps;
-    int activation;
-    int8_t *x_q;
-    float *x_scale;
-};
-
 enum OneTokenInput { kCodes, kNormed };
-enum OneTokenOutput { kStore, kRope, kAddStats, kGluNorm };
+enum OneTokenOutput { kStore, kRope, kAddStats };
 
 struct FusedArgs {
     RopeArgs rope;
     AddStatsArgs add;
     NormedInputArgs in;
-    GluNormArgs glu;
 };
-
-/* kGluNorm's 8-element vectors of v per thread: F <= 8 * kGluVectors * kThreads. */
-constexpr int kGluVectors = 4;
-static_assert(8 * kGluVectors * kThreads == BN_CUDA_GLU_NORM_MAX_F, "internal.h states the gated norm's limit");
 
 /* The normed input: K <= 16 * kThreads * kNormedPieces, and at most 32 * kSlotsPerLane slots (the
  * entry points check both). */
@@ -304,93 +285,6 @@ __device__ __forceinline__ int4 normed_codes(const uint4 (&h)[2], const uint4 (&
         words[q] = word;
     }
     return make_int4(words[0], words[1], words[2], words[3]);
-}
-
-/* v = act(gate) * up rounded to T, for 8 elements of gate_up: vector i of the gate half and of
- * the up half. */
-template <typename T>
-__device__ __forceinline__ void glu_vector(const GluNormArgs &g, const uint4 &gate, const uint4 &up, float (&v)[8]) {
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const float x = element<T>(gate, j), u = element<T>(up, j);
-        v[j] = to_float(from_float<T>(g.activation == BITNET_ACTIVATION_SILU ? bn_glu<BITNET_ACTIVATION_SILU>(x, u)
-                                                                             : bn_glu<BITNET_ACTIVATION_RELU2>(x, u)));
-    }
-}
-
-/* kGluNorm after the block's stores: the last block of the grid makes the codes of the whole row
- * (rmsnorm.cu's rules: float32 sums, the float64 sum where the mean square is not a normal float,
- * row_scale, write_outputs' rounding), every other block returns. gate_up is read from L2: the
- * other blocks wrote it in this kernel. */
-template <typename T> __device__ void glu_norm_tail(const GemvArgs &a, const GluNormArgs &g) {
-    __shared__ bool last;
-    __shared__ NormStats warps[kWarps];
-    __syncthreads(); /* every thread of the block has stored its rows */
-    if (threadIdx.x == 0) {
-        /* release: the block's stores before the count; acquire: the last block sees every block's */
-        unsigned arrived;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(g.counter) : "memory");
-        last = arrived == gridDim.x - 1;
-        if (last) *g.counter = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    const int F = a.M / 2, vectors = F / 8;
-    const uint4 *gate_up = static_cast<const uint4 *>(a.y), *weight = static_cast<const uint4 *>(g.weight);
-    float p[kGluVectors][8];
-    NormStats acc = {0.0f, 0.0f};
-#pragma unroll
-    for (int k = 0; k < kGluVectors; k++) {
-        const int i = threadIdx.x + k * kThreads;
-        const bool inside = i < vectors;
-        float v[8];
-        glu_vector<T>(g, inside ? __ldcg(gate_up + i) : make_uint4(0, 0, 0, 0),
-                      inside ? __ldcg(gate_up + vectors + i) : make_uint4(0, 0, 0, 0), v);
-        const uint4 w = inside ? __ldg(weight + i) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            p[k][j] = v[j] * element<T>(w, j);
-            acc.sum += v[j] * v[j];
-            acc.max = bn_fmax_nan(acc.max, fabsf(p[k][j]));
-        }
-    }
-    for (int offset = 16; offset > 0; offset /= 2) acc = shuffle_combine(acc, offset);
-    if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = acc;
-    __syncthreads();
-    acc = {0.0f, 0.0f};
-    for (int w = 0; w < kWarps; w++) acc = combine(acc, warps[w]);
-    const float mean_square = acc.sum / static_cast<float>(F) + g.eps;
-    float r;
-    if (mean_square >= FLT_MIN && mean_square <= FLT_MAX) {
-        r = 1.0f / sqrtf(mean_square);
-    } else {
-        double sum = 0.0;
-        for (int i = threadIdx.x; i < vectors; i += kThreads) {
-            float v[8];
-            glu_vector<T>(g, __ldcg(gate_up + i), __ldcg(gate_up + vectors + i), v);
-#pragma unroll
-            for (int j = 0; j < 8; j++) sum += static_cast<double>(v[j]) * v[j];
-        }
-        __shared__ double warp_sums[kWarps];
-        sum = bn_block_sum<kWarps>(sum, warp_sums);
-        r = static_cast<float>(1.0 / sqrt(sum / F + static_cast<double>(g.eps)));
-    }
-    const float max_y = acc.max * r;
-    const float scale = isfinite(max_y) ? 127.0f / fmaxf(max_y, 1e-5f) : bn_nan(), r_scale = r * scale;
-    const bool finite = !isnan(scale);
-#pragma unroll
-    for (int k = 0; k < kGluVectors; k++) {
-        const int i = threadIdx.x + k * kThreads;
-        if (i >= vectors) break;
-        uint32_t words[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float c = finite ? p[k][j] * r_scale : fminf(fmaxf(p[k][j] * r_scale, -128.0f), 127.0f);
-            words[j / 4] |= (__float_as_uint(__fadd_rn(c, 12582912.0f)) & 0xFFu) << (8 * (j % 4));
-        }
-        reinterpret_cast<uint2 *>(g.x_q)[i] = make_uint2(words[0], words[1]);
-    }
-    if (threadIdx.x == 0) *g.x_scale = scale;
 }
 
 /* PREFETCH: how many steps after the first the kernel requests into L2 while it stages x (see
@@ -487,8 +381,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
     float norm_w = row_norm_weight(tile);
     uint4 in_w[kNormedPieces][2] = {};
     if constexpr (INPUT == kNormed) load_pieces(f.in.norm_weight, a.K, in_w);
-    /* kGluNorm lets the next kernel launch only once its dots are done (below) */
-    if constexpr (OUTPUT != kGluNorm) bn_pdl_launch_dependents();
+    bn_pdl_launch_dependents();
     bn_pdl_wait();
     const int position = kRotate ? *rope.position : 0;
     float residual = row_residual(tile);
@@ -599,7 +492,7 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
                 const float v = to_float(stored);
                 stats = combine(stats, {v * v, fabsf(v * norm_w)});
             }
-        } else if (sub == 0 && row < a.M) { /* kStore, kGluNorm */
+        } else if (sub == 0 && row < a.M) {
             store(a, 0, row, dot - x_sum, w_scale, x_scale);
         }
         w_scale = next_w_scale;
@@ -619,10 +512,6 @@ __device__ __forceinline__ void one_token(const GemvArgs &a, const FusedArgs &f)
             for (int offset = kWarps / 2; offset > 0; offset /= 2) stats = shuffle_combine(stats, offset);
             if (lane == 0) f.add.stats[blockIdx.x] = stats;
         }
-    }
-    if constexpr (OUTPUT == kGluNorm) {
-        bn_pdl_launch_dependents();
-        glu_norm_tail<T>(a, f.glu);
     }
 }
 
@@ -1093,21 +982,6 @@ bitnet_status bn_cuda_rmsnorm_gemv_w2a8(int32_t device, int32_t dtype, const voi
     return launch_fused<kNormed, kStore>(device, dtype,
                                          gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, y, y_dtype, 1), f, 0,
                                          stream);
-}
-
-bitnet_status bn_cuda_rmsnorm_gemv_w2a8_glu_rmsnorm(int32_t device, int32_t dtype, const void *h,
-                                                    const void *norm_weight, const float *stats, int64_t slots,
-                                                    float eps, const uint8_t *w_packed, const float *w_scales,
-                                                    int64_t M, int64_t K, void *gate_up, int32_t activation,
-                                                    const void *sub_weight, float sub_eps, int8_t *x_q,
-                                                    float *x_scale, uint32_t *counter, void *stream) {
-    BN_TRY(check_rows("bitnet_rmsnorm_gemv_w2a8_glu_rmsnorm", M));
-    FusedArgs f{};
-    f.in = normed_input(h, norm_weight, stats, slots, eps);
-    f.glu = GluNormArgs{counter, sub_weight, sub_eps, activation, x_q, x_scale};
-    return launch_fused<kNormed, kGluNorm>(device, dtype,
-                                           gemv_args(w_packed, w_scales, M, K, nullptr, nullptr, gate_up, dtype, 1), f,
-                                           0, stream);
 }
 
 bitnet_status bn_cuda_rmsnorm_gemv_w2a8_rope_append_kv(int32_t device, int32_t dtype, const void *h,
