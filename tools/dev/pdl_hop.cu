@@ -113,6 +113,8 @@ template <Mode M> int run(const char *name, int blocks, float *buffers, unsigned
     }
     std::sort(us.begin(), us.end());
     printf("%-8s %4d blocks  %.3f us a kernel\n", name, blocks, us[2]);
+    CHECK(cudaEventDestroy(start));
+    CHECK(cudaEventDestroy(stop));
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaStreamDestroy(stream));
     return 0;
