@@ -1,5 +1,6 @@
-// CHECK(call) for the standalone CUDA probes in tools/: on an error, prints the call and the
-// runtime's message and returns 1 from the enclosing function.
+// What the standalone CUDA probes in tools/ share: CHECK(call), which on an error prints the call
+// and the runtime's message and returns 1 from the enclosing function, and load_acquire, a
+// GPU-scope acquire load (the polling side of a counter or flag).
 #pragma once
 
 #include <cstdio>
@@ -14,3 +15,9 @@
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}

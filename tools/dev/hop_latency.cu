@@ -25,15 +25,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda_check.h"
+
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512, kIters = 2000, kChase = 4096;
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 __device__ __forceinline__ void store_release(unsigned *p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

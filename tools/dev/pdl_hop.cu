@@ -22,12 +22,6 @@ constexpr int kThreads = 256, kChain = 210, kN = 2560, kReplays = 20;
 
 enum Mode { kPlain, kPdl, kCounter, kCounterSleep, kCounterLate, kNone };
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* counters[2k]: blocks of kernel k that have stored; counters[2k + 1]: blocks of kernel k + 1 past
  * their wait. */
 template <Mode M>
