@@ -211,3 +211,27 @@ def test_attention_report_has_a_table_per_kind_of_case_that_ran(tmp_path):
     both = report.attention_markdown(dict(head, results=[decode, prefill])).splitlines()
     assert both.index("| 1 | 4096 | 5.94 | 1764 | 57% | - | - | - | 0.0005 |") < both.index(
         "| 4096 | 281.7 | 305 | 189.3 | 454 | 0.004 |")
+
+
+def test_demo_report_names_the_prompt_where_runs_differ_and_fills_every_cell():
+    report = import_tool("report")
+
+    def run(batch, prompt_len, torch_ms=None):
+        r = {"tool": "demo", "layers": 30, "prompt_len": prompt_len, "tokens": 64, "timing": "graphs",
+             "batch": batch, "decode_ms_per_token": 0.9, "decode_tokens_per_s": 1111.0, "decode_gbps": 1400.0,
+             "prefill_tokens_per_s": 150000.0, "op_ms": {"attention": 0.1}}
+        if torch_ms is not None:
+            r.update(torch_ms_per_token=torch_ms, torch_prefill_tokens_per_s=80000.0)
+        return r
+
+    same = report.demo_markdown([run(1, 960, 4.5), run(8, 960)]).splitlines()
+    assert "prompt 960," in same[0]
+    assert "| 1 | 0.900 | 1111 | 1400 | 150000 | 80000 | 4.500 | 5.00 |" in same
+    assert "| 8 | 0.900 | 1111 | 1400 | 150000 |  | | |" in same
+    assert "| op | batch 1 | batch 8 |" in same
+    mixed = report.demo_markdown([run(1, 960), run(1, 4096)]).splitlines()
+    assert "prompt 960 / 4096," in mixed[0]
+    assert "| op | batch 1, prompt 960 | batch 1, prompt 4096 |" in mixed
+    header = next(line for line in mixed if line.startswith("| batch |"))
+    rows = [line for line in mixed if line.startswith("| 1, prompt")]
+    assert len(rows) == 2 and all(row.count("|") == header.count("|") for row in rows)

@@ -160,8 +160,13 @@ def ab_markdown(named_results):
 
 
 def demo_markdown(runs):
+    """The demo runs' table and per-op table; where their prompts differ, each run's label names
+    its prompt."""
+    prompts = sorted({r["prompt_len"] for r in runs})
+    label = (lambda r: f"{r['batch']}") if len(prompts) == 1 else (
+        lambda r: f"{r['batch']}, prompt {r['prompt_len']}")
     lines = ["Demo (`python -m bitnet_ffi demo --json`): BitNet b1.58 2B4T shapes, "
-             f"{runs[0]['layers']} layers, prompt {runs[0]['prompt_len']}, "
+             f"{runs[0]['layers']} layers, prompt {' / '.join(map(str, prompts))}, "
              f"{runs[0]['tokens']} tokens; decode timed as {runs[0]['timing']}.", "",
              "| batch | decode ms/step | tokens/s | GB/s | prefill tokens/s | torch bf16 prefill "
              "tokens/s | torch bf16 ms/step | × torch |",
@@ -169,13 +174,13 @@ def demo_markdown(runs):
     for r in runs:
         ms, torch_ms = r["decode_ms_per_token"], r.get("torch_ms_per_token")
         torch_prefill = r.get("torch_prefill_tokens_per_s")
-        torch_cells = "| |" if torch_ms is None else f"| {torch_ms:.3f} | {torch_ms / ms:.2f} |"
-        lines.append(f"| {r['batch']} | {ms:.3f} | {r['decode_tokens_per_s']:.0f} | "
+        torch_cells = "| | |" if torch_ms is None else f"| {torch_ms:.3f} | {torch_ms / ms:.2f} |"
+        lines.append(f"| {label(r)} | {ms:.3f} | {r['decode_tokens_per_s']:.0f} | "
                      f"{r['decode_gbps']:.0f} | {r['prefill_tokens_per_s']:.0f} | "
                      f"{'' if torch_prefill is None else f'{torch_prefill:.0f}'} {torch_cells}")
     kinds = list(dict.fromkeys(kind for r in runs for kind in r["op_ms"]))  # every run's, in order
     lines += ["", "Per-op time of one decode step (ms; each kind's ops captured and replayed alone):",
-              "", "| op | " + " | ".join(f"batch {r['batch']}" for r in runs) + " |",
+              "", "| op | " + " | ".join(f"batch {label(r)}" for r in runs) + " |",
               "| --- |" + " --- |" * len(runs)]
     for kind in kinds:
         lines.append(f"| {kind} | " + " | ".join(f"{r['op_ms'][kind]:.3f}" if kind in r["op_ms"]
