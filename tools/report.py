@@ -163,8 +163,10 @@ def demo_markdown(runs):
     """The demo runs' table and per-op table; where their prompts differ, each run's label names
     its prompt."""
     prompts = sorted({r["prompt_len"] for r in runs})
-    label = (lambda r: f"{r['batch']}") if len(prompts) == 1 else (
-        lambda r: f"{r['batch']}, prompt {r['prompt_len']}")
+
+    def label(r):
+        return f"{r['batch']}" if len(prompts) == 1 else f"{r['batch']}, prompt {r['prompt_len']}"
+
     lines = ["Demo (`python -m bitnet_ffi demo --json`): BitNet b1.58 2B4T shapes, "
              f"{runs[0]['layers']} layers, prompt {' / '.join(map(str, prompts))}, "
              f"{runs[0]['tokens']} tokens; decode timed as {runs[0]['timing']}.", "",
