@@ -101,7 +101,8 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
 
 @compiles_cuda
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA probes in tools/ need nvcc")
-@pytest.mark.parametrize("probe", ["read_floor.cu", "cluster_fit.cu", "hop_latency.cu", "pdl_hop.cu"])
+@pytest.mark.parametrize("probe", ["read_floor.cu", "cluster_fit.cu", "hop_latency.cu", "pdl_hop.cu",
+                                   "decode_step_mock.cu"])
 def test_cuda_probes_compile(probe, tmp_path):
     """The standalone probes of tools/dev/ that the log cites build with the line in their header (they run
     only on a GPU machine)."""
