@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_check.h"
@@ -385,6 +386,21 @@ __device__ void attend(int l, const Layer &layer, unsigned *head_arrivals, int u
     arrive(stage_counter, false);
 }
 
+/* The o and down stages' epilogue: h += y over the block's rows (a row a warp, two passes), and
+ * the statistics of the new h into the block's slot. */
+template <typename S>
+__device__ void project_add(const S &stage, const int8_t *codes, Codes x, __nv_bfloat16 *h, float2 *slot,
+                            float2 *scratch) {
+    static_assert(S::kRowsPerWarp == 1, "lane 0 stores");
+    float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        const int row = stage.row(p), d = stage.dot(p, codes) - x.sum;
+        if (threadIdx.x % 32 == 0 && row < kH) add_to_h(h, row, d * x.step, acc);
+    }
+    write_slot(acc, slot, scratch);
+}
+
 using QkvStage = Stage<16, 1, kH, kQkv>;
 using OStage = Stage<32, 2, kH, kH>;
 using GateUpStage = Stage<8, 2, kH, 2 * kI>;
@@ -430,20 +446,32 @@ __global__ __launch_bounds__(kThreads, 1) void decode_step(const Args a) {
         unsigned *counter = a.counters + l * kStages;
         const float2 *h_slots = l == 0 ? a.first_slots : a.layers[l - 1].slots + 4 * kSms;
         const int parity = l & 1;
+        /* A GEMV stage's start: its counter reached, the codes of its input made; stamps e, e + 1 */
+        auto take_input = [&](const unsigned *wait_counter, unsigned target, int e, auto k, const __nv_bfloat16 *input,
+                              const float2 *slots, int n_slots) {
+            wait_for(wait_counter, target);
+            STAMP(l, e);
+            const Codes codes_of_input = make_codes<decltype(k)::value>(input, slots, n_slots, a.one_warp_slots, codes, scratch);
+            STAMP(l, e + 1);
+            return codes_of_input;
+        };
+        /* A GEMV stage's end: its counter raised, its buffer refilled with the next layer's rows */
+        auto finish = [&](unsigned *stage_counter, const auto &stage, const uint4 *next_rows, int e) {
+            arrive(stage_counter, a.release); /* its barrier: every thread is done with the buffer */
+            if (threadIdx.x == 0 && next) stage.request(next_rows);
+            STAMP(l, e);
+        };
+        using KH = std::integral_constant<int, kH>;
 
         /* S1: QKV */
-        if (l > 0) wait_for(a.counters + (l - 1) * kStages + 4, kSms);
-        STAMP(l, 0);
-        Codes x = make_codes<kH>(a.h, h_slots, kSms, a.one_warp_slots, codes, scratch);
-        STAMP(l, 1);
+        Codes x = take_input(l > 0 ? a.counters + (l - 1) * kStages + 4 : a.counters, l > 0 ? kSms : 0, 0, KH(), a.h,
+                             h_slots, kSms);
         qkv.wait(parity);
         {
             const int row = qkv.row(0), d = qkv.dot(0, codes) - x.sum;
             if (threadIdx.x % 16 == 0 && row < kQkv) layer.qkv_out[row] = __float2bfloat16(d * x.step);
         }
-        arrive(counter + 0, a.release); /* its barrier: every thread is done with the buffer */
-        if (threadIdx.x == 0 && next) qkv.request(next->qkv);
-        STAMP(l, 2);
+        finish(counter + 0, qkv, next ? next->qkv : nullptr, 2);
 
         /* S2: attention */
         const __nv_bfloat16 *o_input = layer.qkv_out;
@@ -464,30 +492,14 @@ __global__ __launch_bounds__(kThreads, 1) void decode_step(const Args a) {
         }
 
         /* S3: o, h += y */
-        if (a.attention) wait_for(counter + 1, kHkv);
-        else wait_for(counter + 0, kSms);
-        STAMP(l, 3);
-        x = make_codes<kH>(o_input, o_slots, o_slot_count, a.one_warp_slots, codes, scratch);
-        STAMP(l, 4);
+        x = take_input(a.attention ? counter + 1 : counter + 0, a.attention ? kHkv : kSms, 3, KH(), o_input, o_slots,
+                       o_slot_count);
         o.wait(parity);
-        {
-            float2 acc = make_float2(0.0f, 0.0f);
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const int row = o.row(p), d = o.dot(p, codes) - x.sum;
-                if (threadIdx.x % 32 == 0 && row < kH) add_to_h(a.h, row, d * x.step, acc);
-            }
-            write_slot(acc, layer.slots + 2 * kSms + blockIdx.x, slot_scratch);
-        }
-        arrive(counter + 2, a.release);
-        if (threadIdx.x == 0 && next) o.request(next->o);
-        STAMP(l, 5);
+        project_add(o, codes, x, a.h, layer.slots + 2 * kSms + blockIdx.x, slot_scratch);
+        finish(counter + 2, o, next ? next->o : nullptr, 5);
 
         /* S4: gate|up, g = relu(gate)^2 * up */
-        wait_for(counter + 2, kSms);
-        STAMP(l, 6);
-        x = make_codes<kH>(a.h, layer.slots + 2 * kSms, kSms, a.one_warp_slots, codes, scratch);
-        STAMP(l, 7);
+        x = take_input(counter + 2, kSms, 6, KH(), a.h, layer.slots + 2 * kSms, kSms);
         gate_up.wait(parity);
         {
             float2 acc = make_float2(0.0f, 0.0f);
@@ -505,28 +517,13 @@ __global__ __launch_bounds__(kThreads, 1) void decode_step(const Args a) {
             }
             write_slot(acc, layer.slots + 3 * kSms + blockIdx.x, slot_scratch);
         }
-        arrive(counter + 3, a.release);
-        if (threadIdx.x == 0 && next) gate_up.request(next->gate_up);
-        STAMP(l, 8);
+        finish(counter + 3, gate_up, next ? next->gate_up : nullptr, 8);
 
         /* S5: down, h += y */
-        wait_for(counter + 3, kSms);
-        STAMP(l, 9);
-        x = make_codes<kI>(layer.glu, layer.slots + 3 * kSms, kSms, a.one_warp_slots, codes, scratch);
-        STAMP(l, 10);
+        x = take_input(counter + 3, kSms, 9, std::integral_constant<int, kI>(), layer.glu, layer.slots + 3 * kSms, kSms);
         down.wait(parity);
-        {
-            float2 acc = make_float2(0.0f, 0.0f);
-#pragma unroll
-            for (int p = 0; p < 2; p++) {
-                const int row = down.row(p), d = down.dot(p, codes) - x.sum;
-                if (threadIdx.x % 32 == 0 && row < kH) add_to_h(a.h, row, d * x.step, acc);
-            }
-            write_slot(acc, layer.slots + 4 * kSms + blockIdx.x, slot_scratch);
-        }
-        arrive(counter + 4, a.release);
-        if (threadIdx.x == 0 && next) down.request(next->down);
-        STAMP(l, 11);
+        project_add(down, codes, x, a.h, layer.slots + 4 * kSms + blockIdx.x, slot_scratch);
+        finish(counter + 4, down, next ? next->down : nullptr, 11);
     }
 }
 
