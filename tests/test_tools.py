@@ -106,7 +106,8 @@ def test_kernel_code_diff_tells_a_changed_kernel_from_an_unchanged_one(tmp_path)
 def test_cuda_probes_compile(probe, tmp_path):
     """The standalone probes of tools/dev/ that the log cites build with the line in their header (they run
     only on a GPU machine)."""
-    run = subprocess.run(["nvcc", "-arch=sm_90", "-o", str(tmp_path / "probe"), str(REPO / "tools" / "dev" / probe)],
+    run = subprocess.run(["nvcc", "-arch=sm_90", "-Inative/include", "-o", str(tmp_path / "probe"),
+                          str(REPO / "tools" / "dev" / probe)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (tmp_path / "probe").stat().st_size > 0

@@ -21,7 +21,7 @@
  * off, a fence and atomicAdd). The slots are read by every warp of a block (as gemv_w2a8.cu's
  * normed GEMVs read theirs) or, with `one_warp_slots`, by its warp 0 for all of them.
  * Per-layer buffers, so no stage overwrites what a slower block may still read.
- *     nvcc -O3 -arch=sm_90 -o /tmp/decode_step_mock tools/dev/decode_step_mock.cu && /tmp/decode_step_mock
+ *     nvcc -O3 -arch=sm_90 -Inative/include -o /tmp/decode_step_mock tools/dev/decode_step_mock.cu && /tmp/decode_step_mock
  * Prints µs per step (30 layers; the output head, about 145 µs on an H200 at batch 1, comes on
  * top) at context 1024, with the attention stage and without, the slots read either way, and the
  * timeline of layer 15 of each (docs/log/2026-12-04.md#2026-12-04-3). */
@@ -34,6 +34,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../../native/src/cuda/gemv_dp4a.cuh" /* the one-token kernel's x layout and dp4a dot */
 #include "cuda_check.h"
 
 constexpr int kThreads = 512, kWarps = kThreads / 32, kSms = 132;
@@ -96,8 +97,6 @@ __device__ __forceinline__ void wait_for(const unsigned *counter, unsigned targe
 
 __device__ __forceinline__ uint32_t smem_address(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ int code_offset(int c, int q) { return c * 64 + 16 * (q ^ ((c >> 1) & 3)); }
-
 /* One GEMV stage's rows in this block: LANES lanes a row, PASSES rounds of the grid's warps; in
  * pass p the block owns the kRows contiguous rows from row0(p), which the copy engine brings into
  * `buffer` (kRows x K / 4 bytes a pass) under the mbarrier `landed`. */
@@ -143,14 +142,14 @@ template <int LANES, int PASSES, int K, int M> struct Stage {
             const uint32_t word[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const int4 x = *reinterpret_cast<const int4 *>(codes + code_offset(chunk(c), q));
-                acc[0] = __dp4a((int)(word[q] & 0x03030303u), x.x, acc[0]);
-                acc[1] = __dp4a((int)(word[q] & 0x0C0C0C0Cu), x.y, acc[1]);
-                acc[2] = __dp4a((int)(word[q] & 0x30303030u), x.z, acc[2]);
-                acc[3] = __dp4a((int)(word[q] & 0xC0C0C0C0u), x.w, acc[3]);
+                const int4 x = *reinterpret_cast<const int4 *>(codes + bn_gemv::x_offset(chunk(c), q));
+                acc[0] = bn_gemv::dp4a_u8_s8(word[q] & 0x03030303u, x.x, acc[0]);
+                acc[1] = bn_gemv::dp4a_u8_s8(word[q] & 0x0C0C0C0Cu, x.y, acc[1]);
+                acc[2] = bn_gemv::dp4a_u8_s8(word[q] & 0x30303030u, x.z, acc[2]);
+                acc[3] = bn_gemv::dp4a_u8_s8(word[q] & 0xC0C0C0C0u, x.w, acc[3]);
             }
         }
-        int d = acc[0] + (acc[1] >> 2) + (acc[2] >> 4) + (acc[3] >> 6);
+        int d = bn_gemv::codes_dot(acc);
 #pragma unroll
         for (int o = LANES / 2; o > 0; o /= 2) d += __shfl_xor_sync(~0u, d, o);
         return d;
@@ -218,7 +217,7 @@ __device__ Codes make_codes(const __nv_bfloat16 *x, const float2 *slots, int n_s
                 code_sum += code;
             }
             const int k = 8 * i;
-            *reinterpret_cast<uint2 *>(codes + code_offset(k / 64, k % 64 / 16) + k % 16) = make_uint2(packed[0], packed[1]);
+            *reinterpret_cast<uint2 *>(codes + bn_gemv::x_offset(k / 64, k % 64 / 16) + k % 16) = make_uint2(packed[0], packed[1]);
         }
     }
     for (int o = 16; o > 0; o /= 2) code_sum += __shfl_xor_sync(~0u, code_sum, o);
