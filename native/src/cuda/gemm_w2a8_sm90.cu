@@ -81,6 +81,22 @@ WGMMA_S8(128, BN_WGMMA_D64_REGS, "%64, %65, %66, %67", "%68", "%69", BN_WGMMA_D6
 WGMMA_S8(160, BN_WGMMA_D80_REGS, "%80, %81, %82, %83", "%84", "%85", BN_WGMMA_D80("+r", d))
 #undef WGMMA_S8
 
+/* wgmma_s8_smem(d, a, b): d (64 tokens x ROWS weight rows, int32; ROWS / 2 registers a thread) += A
+ * (64 x 32 signed bytes, shared memory, descriptor a) B (32 x ROWS signed bytes, shared memory,
+ * descriptor b), one overload per shape (the narrow kernel's). */
+#define WGMMA_S8_SMEM(ROWS, D_REGS, A_OP, B_OP, P_OP, ...)                                                  \
+    __device__ __forceinline__ void wgmma_s8_smem(int (&d)[ROWS / 2], uint64_t a, uint64_t b) {             \
+        BN_SM90A_ASM("{\n.reg .pred p;\nsetp.ne.b32 p, " P_OP ", 0;\n"                                    \
+                     "wgmma.mma_async.sync.aligned.m64n" #ROWS "k32.s32.s8.s8 " D_REGS ", " A_OP ", " B_OP \
+                     ", p;\n}\n"                                                                            \
+                     : __VA_ARGS__                                                                           \
+                     : "l"(a), "l"(b), "r"(1));                                                              \
+    }
+WGMMA_S8_SMEM(16, BN_WGMMA_D8_REGS, "%8", "%9", "%10", BN_WGMMA_D8("+r", d, 0))
+WGMMA_S8_SMEM(32, BN_WGMMA_D16_REGS, "%16", "%17", "%18", BN_WGMMA_D16("+r", d))
+WGMMA_S8_SMEM(64, BN_WGMMA_D32_REGS, "%32", "%33", "%34", BN_WGMMA_D32("+r", d))
+#undef WGMMA_S8_SMEM
+
 /* Descriptor of a K-major x tile of rows of 128 bytes, starting `address` (1024-aligned, plus 32 s for
  * k32 step s). */
 __device__ __forceinline__ uint64_t x_descriptor(uint32_t address) { return swizzle128_descriptor(address, 16, 1024); }
@@ -458,7 +474,183 @@ bitnet_status launch_split(int32_t device, const GemmArgs &a, int split, cudaStr
     }
 }
 
+/* The narrow kernel, for few weight rows: the roles of the operands swapped. A block of one
+ * warpgroup owns 64 tokens x ROWS weight rows (16 to 128) over all of K, so small matrices make many
+ * blocks without splitting K. Per k tile of 128, thread 0 has TMA copy x (the A operand, 64 x 128
+ * bytes, the 128-byte swizzle) and the packed weights (ROWS x 32 bytes, the 32-byte swizzle) into a
+ * stage; the warpgroup expands the weights into signed bytes in the 128-byte swizzle (the B operand,
+ * K-major like x; two buffers, so one tile's expansion overlaps the previous tile's wgmmas), then
+ * issues wgmma m64nROWSk32 with both operands from shared memory. */
+constexpr int kChains = 4; /* the narrow kernel's accumulator chains */
+
+template <int ROWS, int STAGES>
+struct NarrowShape {
+    static constexpr int kTokens = 64, kThreads = 128;
+    static constexpr int kXBytes = kTokens * kTileK;         /* a stage's x tile */
+    static constexpr int kPackedBytes = ROWS * kTileKBytesW; /* a stage's packed weights */
+    static constexpr int kExpandedBytes = ROWS * kTileK;     /* one buffer of signed weights */
+    /* [x tiles][2 expanded buffers][packed weights], from a 1024-aligned base */
+    static constexpr int kExpandedOffset = STAGES * kXBytes, kPackedOffset = kExpandedOffset + kChains * kExpandedBytes;
+    static constexpr int kOutStride = ROWS + 4; /* the epilogue's [token][row] words */
+    static constexpr size_t kSharedBytes = static_cast<size_t>(kPackedOffset) + STAGES * kPackedBytes + 1024;
+    static_assert(ROWS == 16 || ROWS == 32 || ROWS == 64, "the shapes of wgmma_s8_smem");
+    static_assert(kPackedBytes % 256 == 0, "the 32-byte swizzle repeats every 256 bytes");
+    static_assert(static_cast<size_t>(kTokens) * kOutStride * 4 <= kExpandedOffset, "the epilogue's tile");
+};
+
+template <int ROWS, int STAGES>
+__global__ __launch_bounds__(128, 2) void gemm_w2a8_wgmma_narrow(const GemmArgs a, const bool vector,
+                                                                   const __grid_constant__ CUtensorMap x_map,
+                                                                   const __grid_constant__ CUtensorMap w_map) {
+    using S = NarrowShape<ROWS, STAGES>;
+    constexpr int kTokens = S::kTokens;
+    extern __shared__ int4 shared[];
+    const uint32_t smem_base = (shared_address(shared) + 1023) & ~1023u;
+    uint8_t *smem = reinterpret_cast<uint8_t *>(shared) + (smem_base - shared_address(shared));
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int g = lane / 4, t = lane % 4;
+    /* Blocks of one row tile are consecutive (its weights are read from DRAM once). The x box of a
+     * last token tile short of 64 tokens ends at token N, as in gemm_w2a8_wgmma. */
+    const int token_tiles = (a.N + kTokens - 1) / kTokens;
+    const int first = static_cast<int>(blockIdx.x) % token_tiles * kTokens;
+    const int token0 = min(first, max(a.N - kTokens, 0));
+    const int row0 = static_cast<int>(blockIdx.x) / token_tiles * ROWS;
+    const int k_tiles = a.K / kTileK;
+
+    __shared__ alignas(8) uint64_t landed[STAGES];
+    const uint32_t landed0 = shared_address(landed);
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) BN_SM90A_ASM("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(landed0 + 8 * s));
+        BN_SM90A_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const uint32_t stage_bytes = min(a.N, kTokens) * kTileK + S::kPackedBytes;
+    auto request_weights = [&](int s, int kt) {
+        const uint32_t bar = landed0 + 8 * s;
+        arrive_expect_bytes(bar, stage_bytes);
+        tma_load(smem_base + S::kPackedOffset + s * S::kPackedBytes, w_map, kt * kTileKBytesW, row0, bar);
+    };
+    auto request_x = [&](int s, int kt) {
+        tma_load(smem_base + s * S::kXBytes, x_map, kt * kTileK, token0, landed0 + 8 * s);
+    };
+    const int first_stages = min(STAGES, k_tiles);
+    const bool scaled_out = a.y_dtype != BITNET_DTYPE_I32;
+    if (tid == 0) {
+        prefetch_tensor_map(w_map);
+        prefetch_tensor_map(x_map);
+        for (int s = 0; s < first_stages; s++) request_weights(s, s);
+    }
+    const float row_scale = scaled_out && tid < ROWS && row0 + tid < a.M ? a.w_scales[row0 + tid] : 0.0f;
+    bn_pdl_wait();
+    const float token_scale = scaled_out && tid < kTokens && token0 + tid < a.N ? a.x_scales[token0 + tid] : 1.0f;
+    if (tid == 0)
+        for (int s = 0; s < first_stages; s++) request_x(s, s);
+
+    /* Tile kt's weights into buffer kt % 2: packed word c of row r (k = 16 c .. 16 c + 15, byte b of
+     * shift 2 j holding k = 16 c + 4 j + b) becomes chunk c of the row's 128 signed bytes. */
+    auto expand = [&](int kt) {
+        const uint8_t *packed = smem + S::kPackedOffset + (kt % STAGES) * S::kPackedBytes;
+        uint8_t *expanded = smem + S::kExpandedOffset + (kt % kChains) * S::kExpandedBytes;
+#pragma unroll
+        for (int i = tid; i < ROWS * 8; i += S::kThreads) {
+            const int r = i / 8, c = i % 8;
+            const uint32_t word = *reinterpret_cast<const uint32_t *>(packed + w_tile_offset(r, c / 4) + 4 * (c % 4));
+            *reinterpret_cast<uint4 *>(expanded + r * kTileK + ((c ^ (r & 7)) << 4)) =
+                make_uint4(signed_codes(word, 0), signed_codes(word, 2), signed_codes(word, 4), signed_codes(word, 6));
+        }
+    };
+
+    /* Tile kt accumulates into chain kt % kChains, so that a tile's wgmmas do not wait for the
+     * previous tile's; its weights go to buffer kt % kChains, which tile kt - kChains's wgmmas read
+     * (done: wait_group kChains - 1 in iteration kt - 1); after the barrier every thread is past that
+     * wait, so tile kt - kChains's stage takes tile kt - kChains + STAGES. */
+    int acc[kChains][ROWS / 2] = {};
+    auto run_tile = [&](auto chain, int kt) {
+        constexpr int c = decltype(chain)::value;
+        wait_phase(landed0 + 8 * (kt % STAGES), (kt / STAGES) & 1);
+        expand(kt);
+        fence_async_shared();
+        __syncthreads();
+        if (tid == 0 && kt >= kChains && kt - kChains + STAGES < k_tiles) {
+            request_weights((kt - kChains) % STAGES, kt - kChains + STAGES);
+            request_x((kt - kChains) % STAGES, kt - kChains + STAGES);
+        }
+        const uint32_t x_tile = smem_base + (kt % STAGES) * S::kXBytes;
+        const uint32_t w_tile = smem_base + S::kExpandedOffset + c * S::kExpandedBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) wgmma_s8_smem(acc[c], x_descriptor(x_tile + 32 * s), x_descriptor(w_tile + 32 * s));
+        wgmma_commit();
+        wgmma_wait<kChains - 1>();
+    };
+    for (int kt = 0; kt < k_tiles; kt += kChains) {
+        run_tile(std::integral_constant<int, 0>(), kt);
+        if (kt + 1 < k_tiles) run_tile(std::integral_constant<int, 1>(), kt + 1);
+        if (kt + 2 < k_tiles) run_tile(std::integral_constant<int, 2>(), kt + 2);
+        if (kt + 3 < k_tiles) run_tile(std::integral_constant<int, 3>(), kt + 3);
+    }
+    wgmma_wait<0>();
+    bn_pdl_launch_dependents();
+#pragma unroll
+    for (int i = 0; i < ROWS / 2; i++) acc[0][i] += acc[1][i] + acc[2][i] + acc[3][i];
+
+    /* acc[4 j + 2 h + e]: token 16 warp + g + 8 h, row 8 j + 2 t + e of the block's. */
+    __shared__ float row_scales[ROWS], token_scales[kTokens];
+    if (tid < ROWS) row_scales[tid] = row_scale;
+    if (tid < kTokens) token_scales[tid] = token_scale;
+    __syncthreads(); /* the stages are done with: they take the epilogue's tile */
+    uint32_t *out = reinterpret_cast<uint32_t *>(smem);
+#pragma unroll
+    for (int j = 0; j < ROWS / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int n_local = 16 * warp + g + 8 * h, m_local = 8 * j + 2 * t + e;
+                const int dot = acc[0][4 * j + 2 * h + e];
+                out[n_local * S::kOutStride + m_local] =
+                    scaled_out ? __float_as_uint(scaled(dot, row_scales[m_local], token_scales[n_local]))
+                               : static_cast<uint32_t>(dot);
+            }
+    __syncthreads();
+    constexpr int kChunks = ROWS / 8;
+    for (int c = tid; c < kTokens * kChunks; c += S::kThreads) {
+        const int n_local = c / kChunks, m_local = 8 * (c % kChunks);
+        const int n = token0 + n_local, m = row0 + m_local;
+        if (n < first || n >= a.N || m >= a.M) continue;
+        const uint4 *src = reinterpret_cast<const uint4 *>(out + n_local * S::kOutStride + m_local);
+        store8(a, n, m, src[0], src[1], vector && m + 8 <= a.M);
+    }
+}
+
+template <int ROWS, int STAGES>
+bitnet_status launch_narrow(int32_t device, const GemmArgs &a, cudaStream_t stream) {
+    using S = NarrowShape<ROWS, STAGES>;
+    auto kernel = gemm_w2a8_wgmma_narrow<ROWS, STAGES>;
+    BN_TRY(bn_cuda_kernel_shared_memory(device, reinterpret_cast<const void *>(kernel), S::kSharedBytes));
+    const bool vector = a.M % 8 == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
+    const dim3 grid(bn_ceil_div(a.N, S::kTokens) * bn_ceil_div(a.M, ROWS)); /* <= INT32_MAX: the caller's */
+    CUtensorMap x_map, w_map;
+    BN_TRY(bn_tensor_map("bitnet_gemv_w2a8", &x_map, a.x, a.N, a.K, std::min(a.N, S::kTokens), kTileK,
+                         CU_TENSOR_MAP_SWIZZLE_128B));
+    BN_TRY(bn_tensor_map("bitnet_gemv_w2a8", &w_map, a.w, a.M, a.K / 4, ROWS, kTileKBytesW, CU_TENSOR_MAP_SWIZZLE_32B));
+    BN_CUDA_TRY(bn_launch_pdl_cluster(kernel, grid, dim3(S::kThreads), S::kSharedBytes, 1, stream, a, vector, x_map,
+                                      w_map));
+    return BITNET_OK;
+}
+
 }  // namespace
+
+bitnet_status bn_gemm::gemm_w2a8_sm90_narrow(int32_t device, const GemmArgs &a, int rows, cudaStream_t stream) {
+    switch (rows) {
+        case 16: return launch_narrow<16, 11>(device, a, stream);
+        case 32: return launch_narrow<32, 10>(device, a, stream);
+        default: return launch_narrow<64, 7>(device, a, stream);
+    }
+}
 
 bitnet_status bn_gemm::gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, int tokens, bool one_per_sm,
                                       int split, int64_t full_tiles, int pieces, cudaStream_t stream) {
