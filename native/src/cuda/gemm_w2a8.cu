@@ -73,11 +73,6 @@ constexpr int kSmallStages = GEMM_SMALL_STAGES; /* 32 or 64 tokens x 128 rows */
 #ifndef GEMM_WGMMA_TOKENS
 #define GEMM_WGMMA_TOKENS 0
 #endif
-/* GEMM_NARROW_ROWS = 16, 32, 64 or 128 sends every N of 17 to 512 on sm_90a to the narrow kernel with
- * blocks of that many rows (for tools/dev/gemm_variants.sh). */
-#ifndef GEMM_NARROW_ROWS
-#define GEMM_NARROW_ROWS 0
-#endif
 /* 0 turns off the split of the last partial wave's tiles (for tools/dev/gemm_variants.sh). */
 #ifndef GEMM_WGMMA_REMAINDER
 #define GEMM_WGMMA_REMAINDER 1
@@ -464,7 +459,6 @@ bitnet_status bn_cuda_gemm_w2a8(int32_t device, const uint8_t *w_packed, const f
     const int64_t token_tiles = bn_ceil_div(N, 128), blocks_128 = token_tiles * bn_ceil_div(M, 128);
     const bool wgmma = sm90a && N >= GEMM_WGMMA_MIN_TOKENS;
     const bool small_matrix = M * K < (1LL << 24);
-    if (GEMM_NARROW_ROWS > 0 && wgmma && N > 16 && N <= 512) return gemm_w2a8_sm90_narrow(device, a, GEMM_NARROW_ROWS, s);
     const int small_tokens = small_matrix && N > GEMM_WGMMA_SMALL_MATRIX_TOKENS && N <= 512
                                  ? small_matrix_tokens(N, M, sms) : 0;
     if (wgmma && (N <= (small_matrix ? GEMM_WGMMA_SMALL_MATRIX_TOKENS : 96) || small_tokens > 0)) {

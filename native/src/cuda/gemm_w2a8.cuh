@@ -49,8 +49,4 @@ __device__ __forceinline__ float scaled(int dot, float w_scale, float x_scale) {
 bitnet_status gemm_w2a8_sm90(int32_t device, const GemmArgs &a, int rows, int tokens, bool one_per_sm, int split,
                              int64_t full_tiles, int pieces, cudaStream_t stream);
 
-/* The narrow wgmma kernel (gemm_w2a8_sm90.cu, compute capability 9.0 only): blocks of 64 tokens x
- * `rows` (16, 32, 64 or 128) weight rows over all of K, the weights as the B operand. */
-bitnet_status gemm_w2a8_sm90_narrow(int32_t device, const GemmArgs &a, int rows, cudaStream_t stream);
-
 }  // namespace bn_gemm
