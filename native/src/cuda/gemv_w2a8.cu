@@ -7,14 +7,14 @@
  *   16-byte chunks of its row at a time and prefetches the next 10 while it computes (10 takes
  *   K = 5120 in one step; it beat 8 and 12 at the one-token anchor shapes:
  *   docs/log/2026-11-22.md#2026-11-22-11).
- * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows, its 8 warps split K (5
- *   or 6 warps where that takes as many steps and lets more blocks run at once, and 32 rows where
- *   that then takes one round: plan_mma8; 32 rows for 16 tokens from K = 6912: plan_tokens);
+ * - 2..16 tokens, int8 tensor cores (mma.m16n8k32): a block owns 16 rows and 8 tokens (9 to 16
+ *   tokens: two rows of blocks), its 8 warps split K (5 or 6 warps where that takes as many steps
+ *   and lets more blocks run at once, and 32 rows where that then takes one round: plan_mma8);
  *   lane (g, t) loads 16 bytes of rows g and g+8 at chunk 4s+t, which feed 8 mma steps; the mma's
  *   k order is a permutation of K, applied to x alike. x is read straight from global memory into
  *   the B fragments (L1 serves it again to later tiles and to the SM's other blocks). The warps'
- *   partial tiles meet in shared memory, and 128 threads per 8 tokens finish one output each. The sums of
- *   x that turn codes into W_q are taken during a block's first tile, which is compiled apart.
+ *   partial tiles meet in shared memory, and 128 threads finish one output each. The sums of x that
+ *   turn codes into W_q are taken during a block's first tile, which is compiled apart.
  * Both mask the codes in place where they can (dp4a and mma with unsigned weight bytes, partial
  * dots 4^i times too big, shifted back once at the end): one operation fewer per 4 weights.
  * - The fused one-token forms (gemv_one_token_fused), one kernel each:
@@ -60,10 +60,6 @@ constexpr int kRowsPerBlock = 16;
 constexpr int kStepsPerLoad = 2; /* 64-byte chunk quads per warp per load */
 constexpr int kMmaBlocksPerSm = 3;      /* blocks of 8 warps */
 constexpr int kMmaSmallBlocksPerSm = 4; /* blocks of 5 or 6 warps (plan_mma8) */
-/* 16 tokens: from this K on, blocks of 2 row tiles (plan_tokens). H100: 2560x6912 7.1 -> 6.4 us,
- * 5120x27648 42 -> 36; at K <= 5120 no faster, or up to 4% slower
- * (docs/log/2026-11-27.md#2026-11-27-30). */
-constexpr int64_t kLongRowsK16 = 6912;
 
 /* From this many tokens on, sm_80+ GPUs take the tensor-core GEMM (gemm_w2a8.cu) instead of the
  * launches of 16 tokens that read the weights again each. Measured crossover on an H100:
@@ -545,15 +541,16 @@ __device__ __forceinline__ void load_x_fragment(int4 (&x)[4], const GemvArgs &a,
     for (int q = 0; q < 4; q++) x[q] = inside ? __ldg(src + q) : make_int4(0, 0, 0, 0);
 }
 
-/* NT = 8 * NTILES tokens. Lane (g, t) = (lane / 4, lane % 4), as in the mma fragment layouts:
- * A row g and g+8 of each 16 rows, B column (token) g, D rows g, g+8 x tokens 2t, 2t+1.
+/* 8 tokens per block, from token 8 * blockIdx.y on (a grid of 2 rows of blocks takes 16). Lane (g,
+ * t) = (lane / 4, lane % 4), as in the mma fragment layouts: A row g and g+8 of each 16 rows, B
+ * column (token) g, D rows g, g+8 x tokens 2t, 2t+1.
  * RTILES: row tiles of 16 per block. With 1, each warp loads the block's next tile while it computes
  * this one. With 2 (rows of one step per warp, grids of one round: see plan_mma8), the two share
  * each x fragment, and the first tile's weights, all of them, are loaded before the PDL wait.
  * MIN_BLOCKS: the launch bound's blocks per SM (0: none), which sets ptxas's register budget. */
-template <int NTILES, int WARPS, int RTILES, int MIN_BLOCKS>
+template <int WARPS, int RTILES, int MIN_BLOCKS>
 __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const GemvArgs a) {
-    constexpr int kTileOutputs = NTILES * 128;
+    constexpr int kTileOutputs = 128;
     constexpr int kOutputs = RTILES * kTileOutputs;
     constexpr int kPerThread = (kOutputs + WARPS * 32 - 1) / (WARPS * 32);
     static_assert(RTILES == 1 || RTILES == 2, "1 or 2 row tiles per block");
@@ -562,6 +559,7 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
     int *partial = reinterpret_cast<int *>(shared); /* [WARPS][kOutputs] */
 
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const int n0 = 8 * blockIdx.y;
     const int chunks_per_row = a.K / 64;
     const int quads = (chunks_per_row + 3) / 4;              /* chunk quads per row */
     const int warp_quads = (quads - warp + WARPS - 1) / WARPS; /* quads warp, warp + WARPS, ... */
@@ -586,16 +584,15 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
     };
 
     /* Thread o < kOutputs finishes output o (and o + WARPS * 32, ...) of each block of rows: D
-     * element r of lane o % 32 of row tile o / kTileOutputs, token tile (o % kTileOutputs) / 128,
-     * fragment (j, r) of the warps' partial tiles. */
+     * element r = (o / 32) % 4 of lane o % 32 of row tile o / 128 of the warps' partial tiles. */
     bool finisher[kPerThread];
     int o_n[kPerThread], o_row[kPerThread];
 #pragma unroll
     for (int i = 0; i < kPerThread; i++) {
         const int o = threadIdx.x + i * WARPS * 32, o_lane = o % 32, o_r = (o / 32) % 4;
-        const int row_tile = RTILES == 1 ? 0 : o / kTileOutputs, tile_o = RTILES == 1 ? o : o % kTileOutputs;
+        const int row_tile = RTILES == 1 ? 0 : o / kTileOutputs;
         finisher[i] = o < kOutputs;
-        o_n[i] = 8 * (tile_o / 128) + 2 * (o_lane % 4) + o_r % 2;
+        o_n[i] = n0 + 2 * (o_lane % 4) + o_r % 2;
         o_row[i] = kRowsPerBlock * row_tile + o_lane / 4 + 8 * (o_r / 2);
     }
     auto row_scale = [&](int i, int tile_) {
@@ -615,9 +612,9 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
 #pragma unroll
     for (int i = 0; i < kPerThread; i++) x_scale[i] = finisher[i] && o_n[i] < a.n_valid ? a.x_scales[o_n[i]] : 0.0f;
 
-    /* x_neg[j][r] = -sum of x of D element r's token over this warp's quads, added to the dots so
+    /* x_neg[r] = -sum of x of D element r's token over this warp's quads, added to the dots so
      * that the codes (W_q + 1) give W_q . x; the same for every tile, found during the first. */
-    int x_neg[NTILES][4];
+    int x_neg[4];
     /* One block of rows: its dots into shared memory, then the finishers' outputs. `first` is
      * std::true_type for the block's first tile, so that later tiles are compiled without the sums. */
     auto run_tile = [&](auto first) {
@@ -625,8 +622,8 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
         float next_w_scale[kPerThread];
 #pragma unroll
         for (int i = 0; i < kPerThread; i++) next_w_scale[i] = row_scale(i, tile + gridDim.x);
-        int d[RTILES][NTILES][2][4] = {}; /* [.][j][i % 2]: from masked_codes(., i), 4 times too big for odd i */
-        int x_sum[NTILES] = {}; /* lane (g, t): x of token g + 8j over its chunks, first tile only */
+        int d[RTILES][2][4] = {}; /* [.][i % 2]: from masked_codes(., i), 4 times too big for odd i */
+        int x_sum = 0; /* lane (g, t): x of token g over its chunks, first tile only */
         for (int iteration = 0; iteration < iterations; iteration++) {
             /* RTILES = 1: the next step's weights load while this step's are used. RTILES = 2: this
              * step's load here (the first tile's first step was loaded before the PDL wait). */
@@ -641,28 +638,24 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
             for (int s = 0; s < kStepsPerLoad; s++) {
                 int quad = warp + WARPS * (iteration * kStepsPerLoad + s);
                 if (quad >= quads) break;
+                int4 x[4];
+                load_x_fragment(x, a, n0 + g, 4 * quad + t);
+                if (kFirst) {
 #pragma unroll
-                for (int j = 0; j < NTILES; j++) {
-                    int4 x[4];
-                    load_x_fragment(x, a, g + 8 * j, 4 * quad + t);
-                    if (kFirst) {
+                    for (int q = 0; q < 4; q++) x_sum = add_bytes(x[q], x_sum);
+                }
 #pragma unroll
-                        for (int q = 0; q < 4; q++) x_sum[j] = add_bytes(x[q], x_sum[j]);
-                    }
+                for (int rt = 0; rt < RTILES; rt++) {
+                    const uint4 &lo = w[s][2 * rt], &hi = w[s][2 * rt + 1];
+                    const uint32_t lo_words[4] = {lo.x, lo.y, lo.z, lo.w}, hi_words[4] = {hi.x, hi.y, hi.z, hi.w};
+                    /* mma step (p, i): k = 16q + 4i of the lane's chunk for words q = 2p and 2p + 1 */
 #pragma unroll
-                    for (int rt = 0; rt < RTILES; rt++) {
-                        const uint4 &lo = w[s][2 * rt], &hi = w[s][2 * rt + 1];
-                        const uint32_t lo_words[4] = {lo.x, lo.y, lo.z, lo.w}, hi_words[4] = {hi.x, hi.y, hi.z, hi.w};
-                        /* mma step (p, i): k = 16q + 4i of the lane's chunk for words q = 2p and 2p + 1 */
+                    for (int p = 0; p < 2; p++)
 #pragma unroll
-                        for (int p = 0; p < 2; p++)
-#pragma unroll
-                            for (int i = 0; i < 4; i++)
-                                mma_u8_s8(d[rt][j][i % 2], masked_codes(lo_words[2 * p], i),
-                                          masked_codes(hi_words[2 * p], i), masked_codes(lo_words[2 * p + 1], i),
-                                          masked_codes(hi_words[2 * p + 1], i), component(x[2 * p], i),
-                                          component(x[2 * p + 1], i));
-                    }
+                        for (int i = 0; i < 4; i++)
+                            mma_u8_s8(d[rt][i % 2], masked_codes(lo_words[2 * p], i), masked_codes(hi_words[2 * p], i),
+                                      masked_codes(lo_words[2 * p + 1], i), masked_codes(hi_words[2 * p + 1], i),
+                                      component(x[2 * p], i), component(x[2 * p + 1], i));
                 }
             }
             if constexpr (RTILES == 1) {
@@ -672,24 +665,18 @@ __global__ __launch_bounds__(WARPS * 32, MIN_BLOCKS) void gemv_tokens_mma(const 
         }
         if (kFirst) {
             /* The sums over t meet in lanes 4g..4g+3; D element r of lane (g, t) has token 2t + r % 2. */
-#pragma unroll
-            for (int j = 0; j < NTILES; j++) {
-                x_sum[j] += __shfl_xor_sync(~0u, x_sum[j], 1);
-                x_sum[j] += __shfl_xor_sync(~0u, x_sum[j], 2);
-                const int even = __shfl_sync(~0u, x_sum[j], 8 * t), odd = __shfl_sync(~0u, x_sum[j], 8 * t + 4);
-                x_neg[j][0] = x_neg[j][2] = -even;
-                x_neg[j][1] = x_neg[j][3] = -odd;
-            }
+            x_sum += __shfl_xor_sync(~0u, x_sum, 1);
+            x_sum += __shfl_xor_sync(~0u, x_sum, 2);
+            const int even = __shfl_sync(~0u, x_sum, 8 * t), odd = __shfl_sync(~0u, x_sum, 8 * t + 4);
+            x_neg[0] = x_neg[2] = -even;
+            x_neg[1] = x_neg[3] = -odd;
         }
         /* The warps' partial tiles meet in shared memory; each finisher adds up its outputs. */
 #pragma unroll
         for (int rt = 0; rt < RTILES; rt++)
 #pragma unroll
-            for (int j = 0; j < NTILES; j++)
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    partial[(warp * RTILES * NTILES * 4 + (rt * NTILES + j) * 4 + r) * 32 + lane] =
-                        d[rt][j][0][r] + (d[rt][j][1][r] >> 2) + x_neg[j][r];
+            for (int r = 0; r < 4; r++)
+                partial[(warp * RTILES * 4 + rt * 4 + r) * 32 + lane] = d[rt][0][r] + (d[rt][1][r] >> 2) + x_neg[r];
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < kPerThread; i++) {
@@ -737,19 +724,21 @@ bitnet_status plan(const BnGpu &gpu, GemvKernel kernel, int threads, int blocks_
                            &out->resident_blocks);
 }
 
-/* Launches with programmatic stream serialization on at most the resident blocks (fewer if
- * `work_blocks` is smaller); the kernels loop over the rest of their work. */
-bitnet_status launch(const Launch &l, int64_t work_blocks, const GemvArgs &a, cudaStream_t stream) {
-    int64_t blocks = work_blocks < l.resident_blocks ? work_blocks : l.resident_blocks;
-    BN_CUDA_TRY(bn_launch_pdl(l.kernel, dim3(static_cast<unsigned>(blocks)), dim3(l.threads),
+/* Launches with programmatic stream serialization `token_rows` rows of blocks (the mma kernel's 8
+ * tokens each), in all at most the resident blocks (fewer if `work_blocks` a row is smaller); the
+ * kernels loop over the rest of their work. */
+bitnet_status launch(const Launch &l, int64_t work_blocks, int token_rows, const GemvArgs &a, cudaStream_t stream) {
+    const int64_t row_blocks = l.resident_blocks / token_rows > 1 ? l.resident_blocks / token_rows : 1;
+    const int64_t blocks = work_blocks < row_blocks ? work_blocks : row_blocks;
+    BN_CUDA_TRY(bn_launch_pdl(l.kernel, dim3(static_cast<unsigned>(blocks), token_rows), dim3(l.threads),
                               l.shared_bytes, stream, a));
     return BITNET_OK;
 }
 
-template <int NTILES, int WARPS, int RTILES = 1, int MIN_BLOCKS = 0>
+template <int WARPS, int RTILES = 1, int MIN_BLOCKS = 0>
 bitnet_status plan_mma(const BnGpu &gpu, int blocks_per_sm, Launch *out) {
-    const size_t partial_bytes = static_cast<size_t>(WARPS) * RTILES * NTILES * 128 * sizeof(int);
-    return plan(gpu, gemv_tokens_mma<NTILES, WARPS, RTILES, MIN_BLOCKS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
+    const size_t partial_bytes = static_cast<size_t>(WARPS) * RTILES * 128 * sizeof(int);
+    return plan(gpu, gemv_tokens_mma<WARPS, RTILES, MIN_BLOCKS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
 /* The launch for nt tokens (1, 8 or 16) and its blocks of work (tiles of rows), the same for every
@@ -759,35 +748,39 @@ struct TokensLaunch {
     int64_t work_blocks;
 };
 
-/* The mma kernel for 8 tokens and K: blocks of 8 warps split K's chunk quads, some warps taking one
- * step more than others when 8 does not divide them.
- * - Told 1 block per SM, ptxas gives them 94 registers instead of 80, so 2 blocks fit per SM
+/* The mma kernel for `token_rows` x 8 tokens and K: blocks of 8 warps split K's chunk quads, some
+ * warps taking one step more than others when 8 does not divide them; each row of the grid's blocks
+ * takes 8 tokens (at 9 to 16 tokens that beat blocks of 16 tokens: 2560x2560 at 16 3.52 -> 2.96
+ * us, the batch-16 decode step 1.623 -> 1.592 ms on an H200, docs/log/2026-12-04.md#2026-12-04-8).
+ * - Told 1 block per SM, ptxas gives them 96 registers instead of 80, so 2 blocks fit per SM
  *   instead of 3. Where the tiles take one round of those, that is faster; where they do not, it
  *   is slower (docs/log/2026-11-24.md#2026-11-24-7).
  * - Where 5 or 6 warps take them in as many steps (K = 1152 to 1536, 2176 to 3072, 4224 to 4608)
  *   and the tiles outnumber the 8-warp blocks the GPU holds at once, the smaller blocks fit more per
  *   SM and so take fewer rounds of tiles (docs/log/2026-11-22.md#2026-11-22-9).
  * - Where 5 warps take K in one step each (K = 2176 to 2560) and blocks of 2 tiles then fit in one
- *   round, a block takes 2 tiles at once (docs/log/2026-11-24.md#2026-11-24-7). */
-bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, TokensLaunch *out) {
+ *   round, a block takes 2 tiles at once (docs/log/2026-11-24.md#2026-11-24-7); not with 2 rows of
+ *   blocks (3840x2560 at 16 tokens 4.06 against 3.53 us, docs/log/2026-12-04.md#2026-12-04-8). */
+bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, int token_rows, TokensLaunch *out) {
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-    BN_TRY((plan_mma<1, 8, 1, 1>(gpu, kMmaBlocksPerSm, &out->launch)));
-    if (out->work_blocks <= out->launch.resident_blocks) return BITNET_OK;
-    BN_TRY((plan_mma<1, 8>(gpu, kMmaBlocksPerSm, &out->launch)));
+    BN_TRY((plan_mma<8, 1, 1>(gpu, kMmaBlocksPerSm, &out->launch)));
+    if (out->work_blocks * token_rows <= out->launch.resident_blocks) return BITNET_OK;
+    BN_TRY((plan_mma<8>(gpu, kMmaBlocksPerSm, &out->launch)));
     const int64_t quads = (K / 64 + 3) / 4;
     const int64_t steps = (quads + kWarps - 1) / kWarps;
     const int64_t fewest = (quads + steps - 1) / steps;
-    if (out->work_blocks <= out->launch.resident_blocks || (fewest != 5 && fewest != 6)) return BITNET_OK;
-    if (fewest == 5 && steps == kStepsPerLoad) {
-        BN_TRY((plan_mma<1, 5, 2, kMmaSmallBlocksPerSm>(gpu, kMmaSmallBlocksPerSm, &out->launch)));
+    if (out->work_blocks * token_rows <= out->launch.resident_blocks || (fewest != 5 && fewest != 6))
+        return BITNET_OK;
+    if (fewest == 5 && steps == kStepsPerLoad && token_rows == 1) {
+        BN_TRY((plan_mma<5, 2, kMmaSmallBlocksPerSm>(gpu, kMmaSmallBlocksPerSm, &out->launch)));
         const int64_t pairs = (out->work_blocks + 1) / 2;
-        if (pairs <= out->launch.resident_blocks) {
+        if (pairs * token_rows <= out->launch.resident_blocks) {
             out->work_blocks = pairs;
             return BITNET_OK;
         }
     }
-    return fewest == 5 ? plan_mma<1, 5>(gpu, kMmaSmallBlocksPerSm, &out->launch)
-                       : plan_mma<1, 6>(gpu, kMmaSmallBlocksPerSm, &out->launch);
+    return fewest == 5 ? plan_mma<5>(gpu, kMmaSmallBlocksPerSm, &out->launch)
+                       : plan_mma<6>(gpu, kMmaSmallBlocksPerSm, &out->launch);
 }
 
 /* The one-token kernel's launch for M x K: its tiles (work_blocks), blocks per SM, shared memory,
@@ -824,13 +817,7 @@ bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, Tokens
                                         : (p.rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
         return plan(gpu, kernel, kThreads, p.per_sm, p.shared_bytes, &out->launch);
     }
-    if (nt == 8) return plan_mma8(gpu, M, K, out);
-    out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
-    if (K >= kLongRowsK16) { /* blocks of 2 tiles sharing each x fragment, one block per SM */
-        out->work_blocks = (out->work_blocks + 1) / 2;
-        return plan_mma<2, 8, 2, 1>(gpu, 1, &out->launch);
-    }
-    return plan_mma<2, 8>(gpu, kMmaBlocksPerSm, &out->launch);
+    return plan_mma8(gpu, M, K, nt / 8, out);
 }
 
 /* The kernel arguments of one launch (sizes checked against the kernels' int limits). */
@@ -932,7 +919,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         if (l.launch.kernel == nullptr) BN_TRY(plan_tokens(gpu, nt, M, K, &l));
         const GemvArgs a = gemv_args(w_packed, w_scales, M, K, x_q + n0 * K, x_scales + n0,
                                      static_cast<char *>(y) + n0 * M * y_size, y_dtype, left < nt ? left : nt);
-        BN_TRY(launch(l.launch, l.work_blocks, a, s));
+        BN_TRY(launch(l.launch, l.work_blocks, nt == 1 ? 1 : nt / 8, a, s));
         n0 += a.n_valid;
     }
     return BITNET_OK;
