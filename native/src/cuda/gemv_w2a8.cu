@@ -724,31 +724,33 @@ bitnet_status plan(const BnGpu &gpu, GemvKernel kernel, int threads, int blocks_
                            &out->resident_blocks);
 }
 
-/* Launches with programmatic stream serialization `token_rows` rows of blocks (the mma kernel's 8
- * tokens each), in all at most the resident blocks (fewer if `work_blocks` a row is smaller); the
- * kernels loop over the rest of their work. */
-bitnet_status launch(const Launch &l, int64_t work_blocks, int token_rows, const GemvArgs &a, cudaStream_t stream) {
-    const int64_t row_blocks = l.resident_blocks / token_rows > 1 ? l.resident_blocks / token_rows : 1;
-    const int64_t blocks = work_blocks < row_blocks ? work_blocks : row_blocks;
-    BN_CUDA_TRY(bn_launch_pdl(l.kernel, dim3(static_cast<unsigned>(blocks), token_rows), dim3(l.threads),
-                              l.shared_bytes, stream, a));
-    return BITNET_OK;
-}
-
 template <int WARPS, int RTILES = 1, int MIN_BLOCKS = 0>
 bitnet_status plan_mma(const BnGpu &gpu, int blocks_per_sm, Launch *out) {
     const size_t partial_bytes = static_cast<size_t>(WARPS) * RTILES * 128 * sizeof(int);
     return plan(gpu, gemv_tokens_mma<WARPS, RTILES, MIN_BLOCKS>, WARPS * 32, blocks_per_sm, partial_bytes, out);
 }
 
-/* The launch for nt tokens (1, 8 or 16) and its blocks of work (tiles of rows), the same for every
- * launch of one call. */
+/* The launch for nt tokens (1, 8 or 16): its blocks of work (tiles of rows) and rows of blocks (the
+ * mma kernel's 8 tokens each; 1 for one token), the same for every launch of one call. */
 struct TokensLaunch {
     Launch launch;
     int64_t work_blocks;
+    int token_rows;
 };
 
-/* The mma kernel for `token_rows` x 8 tokens and K: blocks of 8 warps split K's chunk quads, some
+/* Launches with programmatic stream serialization token_rows rows of blocks, in all at most the
+ * resident blocks (fewer if work_blocks a row is smaller); the kernels loop over the rest of their
+ * work. */
+bitnet_status launch(const TokensLaunch &t, const GemvArgs &a, cudaStream_t stream) {
+    const Launch &l = t.launch;
+    const int64_t row_blocks = l.resident_blocks / t.token_rows > 1 ? l.resident_blocks / t.token_rows : 1;
+    const int64_t blocks = t.work_blocks < row_blocks ? t.work_blocks : row_blocks;
+    BN_CUDA_TRY(bn_launch_pdl(l.kernel, dim3(static_cast<unsigned>(blocks), t.token_rows), dim3(l.threads),
+                              l.shared_bytes, stream, a));
+    return BITNET_OK;
+}
+
+/* The mma kernel for out->token_rows x 8 tokens and K: blocks of 8 warps split K's chunk quads, some
  * warps taking one step more than others when 8 does not divide them; each row of the grid's blocks
  * takes 8 tokens (at 9 to 16 tokens that beat blocks of 16 tokens: 2560x2560 at 16 3.52 -> 2.96
  * us, the batch-16 decode step 1.623 -> 1.592 ms on an H200, docs/log/2026-12-04.md#2026-12-04-8).
@@ -761,7 +763,8 @@ struct TokensLaunch {
  * - Where 5 warps take K in one step each (K = 2176 to 2560) and blocks of 2 tiles then fit in one
  *   round, a block takes 2 tiles at once (docs/log/2026-11-24.md#2026-11-24-7); not with 2 rows of
  *   blocks (3840x2560 at 16 tokens 4.06 against 3.53 us, docs/log/2026-12-04.md#2026-12-04-8). */
-bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, int token_rows, TokensLaunch *out) {
+bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, TokensLaunch *out) {
+    const int token_rows = out->token_rows;
     out->work_blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
     BN_TRY((plan_mma<8, 1, 1>(gpu, kMmaBlocksPerSm, &out->launch)));
     if (out->work_blocks * token_rows <= out->launch.resident_blocks) return BITNET_OK;
@@ -774,7 +777,7 @@ bitnet_status plan_mma8(const BnGpu &gpu, int64_t M, int64_t K, int token_rows, 
     if (fewest == 5 && steps == kStepsPerLoad && token_rows == 1) {
         BN_TRY((plan_mma<5, 2, kMmaSmallBlocksPerSm>(gpu, kMmaSmallBlocksPerSm, &out->launch)));
         const int64_t pairs = (out->work_blocks + 1) / 2;
-        if (pairs * token_rows <= out->launch.resident_blocks) {
+        if (pairs <= out->launch.resident_blocks) {
             out->work_blocks = pairs;
             return BITNET_OK;
         }
@@ -809,6 +812,7 @@ OneTokenPlan plan_one_token(const BnGpu &gpu, int64_t M, int64_t K) {
 }
 
 bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, TokensLaunch *out) {
+    out->token_rows = nt == 1 ? 1 : nt / 8;
     if (nt == 1) {
         const OneTokenPlan p = plan_one_token(gpu, M, K);
         out->work_blocks = p.work_blocks;
@@ -817,7 +821,7 @@ bitnet_status plan_tokens(const BnGpu &gpu, int nt, int64_t M, int64_t K, Tokens
                                         : (p.rounds ? gemv_one_token<0, true> : gemv_one_token<0, false>);
         return plan(gpu, kernel, kThreads, p.per_sm, p.shared_bytes, &out->launch);
     }
-    return plan_mma8(gpu, M, K, nt / 8, out);
+    return plan_mma8(gpu, M, K, out);
 }
 
 /* The kernel arguments of one launch (sizes checked against the kernels' int limits). */
@@ -919,7 +923,7 @@ bitnet_status bn_cuda_gemv_w2a8(int32_t device, const uint8_t *w_packed, const f
         if (l.launch.kernel == nullptr) BN_TRY(plan_tokens(gpu, nt, M, K, &l));
         const GemvArgs a = gemv_args(w_packed, w_scales, M, K, x_q + n0 * K, x_scales + n0,
                                      static_cast<char *>(y) + n0 * M * y_size, y_dtype, left < nt ? left : nt);
-        BN_TRY(launch(l.launch, l.work_blocks, nt == 1 ? 1 : nt / 8, a, s));
+        BN_TRY(launch(l, a, s));
         n0 += a.n_valid;
     }
     return BITNET_OK;
